@@ -1,0 +1,36 @@
+# The README names these targets. Every target runs the idempotent set-up first,
+# so each one works on a fresh clone.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+KDQ := $(VENV)/bin/kdq
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup run stop status test test-unit test-integration lint
+
+setup:
+	@bash scripts/setup.sh
+
+## run: start the product locally on the embedded default
+run: setup
+	@$(KDQ) up
+
+## stop: stop everything `make run` started
+stop:
+	@$(KDQ) down
+
+status:
+	@$(KDQ) status
+
+## test: every test suite (unit, DAG integrity, integration with real services)
+test: setup
+	@$(PY) -m pytest tests -q
+
+test-unit: setup
+	@$(PY) -m pytest tests/unit -q
+
+test-integration: setup
+	@$(PY) -m pytest tests/integration -q
+
+lint: setup
+	@$(VENV)/bin/ruff check include plugins dags spark_jobs tests

@@ -1,0 +1,94 @@
+"""The `kdq` command: the local stack, SQL on the Delta tables, and (later) the jobs.
+
+Every command loads the one Config (kdq.toml + KDQ_* environment) and fails
+with a message naming the key when it is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from kdq.config import Config, ConfigError, load_config
+
+
+def _up(config: Config, args: argparse.Namespace) -> int:
+    from kdq.stack.manager import LocalStack
+
+    statuses = LocalStack(config).up()
+    for status in statuses:
+        print(status.line())
+    healthy = all(s.healthy for s in statuses)
+    if healthy:
+        print(
+            "\nThe local stack is up. Next: `kdq status`, `kdq sql \"SHOW TABLES IN kdq\"`; "
+            "stop it with `make stop` (kdq down)."
+        )
+    return 0 if healthy else 1
+
+
+def _down(config: Config, args: argparse.Namespace) -> int:
+    from kdq.stack.manager import LocalStack
+
+    stopped = LocalStack(config).down()
+    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    return 0
+
+
+def _status(config: Config, args: argparse.Namespace) -> int:
+    from kdq.stack.manager import LocalStack
+
+    statuses = LocalStack(config).status()
+    for status in statuses:
+        print(status.line())
+    return 0 if all(s.healthy for s in statuses) else 1
+
+
+def _sql(config: Config, args: argparse.Namespace) -> int:
+    from kdq.spark.session import build_session
+
+    spark = build_session(config, app_name="kdq-sql")
+    try:
+        for statement in args.statement:
+            spark.sql(statement).show(args.limit, truncate=False)
+    finally:
+        spark.stop()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kdq", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="config file (default: $KDQ_CONFIG or kdq.toml)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("up", help="start the local stack (Kafka, InfluxDB) and wait until healthy").set_defaults(
+        func=_up
+    )
+    commands.add_parser("down", help="stop every local component").set_defaults(func=_down)
+    commands.add_parser("status", help="each component with its address and health").set_defaults(func=_status)
+    sql = commands.add_parser("sql", help="run Spark SQL on the kdq tables (registered by name)")
+    sql.add_argument("statement", nargs="+")
+    sql.add_argument("--limit", type=int, default=50)
+    sql.set_defaults(func=_sql)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+        return args.func(config, args)
+    except ConfigError as exc:
+        print(f"kdq: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from kdq.stack.procs import StackError
+
+        if isinstance(exc, StackError):
+            print(f"kdq: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""The one configuration object every part of kdq reads.
+
+Configuration flows one way: a TOML file plus ``KDQ_<SECTION>__<KEY>``
+environment variables become a typed, frozen :class:`Config`, which is passed
+to functions. Nothing below the entrypoints reads the environment.
+
+Bad configuration is rejected at start with a :class:`ConfigError` that names
+the key, where it came from (file or variable) and the problem, because a typo
+in a config key that silently falls back to a default is how monitoring
+products end up monitoring nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "KDQ_"
+CONFIG_FILE_ENV = "KDQ_CONFIG"
+DEFAULT_CONFIG_NAME = "kdq.toml"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or invalid. The message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def _check_regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from exc
+    return value
+
+
+class PathsConfig(_Section):
+    """Where local state lives. Relative paths are resolved against the config file's folder."""
+
+    data_dir: Path = Path(".local")
+    rules_dir: Path = Path("config/rules")
+    jars_dir: Path = Path(".cache/jars")
+
+
+class KafkaConfig(_Section):
+    bootstrap_servers: str = Field(
+        default="",
+        description="host:port list; empty means the local stack's broker (kdq up).",
+    )
+    local_port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port once.")
+    local_controller_port: int = Field(default=0, ge=0, le=65535)
+    local_partitions: int = Field(default=3, ge=1, description="default partitions of auto-created local topics")
+    topic_include: str = ".*"
+    topic_exclude: str = r"_.*|kdq\..*"
+    metrics_topic: str = "kdq.metrics"
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int = Field(default=200_000, gt=0)
+    fail_on_data_loss: bool = True
+    max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    client: dict[str, str] = Field(
+        default_factory=dict,
+        description="extra Kafka client configs (security.protocol, sasl.*, ...), passed to every client",
+    )
+
+    _regex = field_validator("topic_include", "topic_exclude")(_check_regex)
+
+    @field_validator("starting_offsets")
+    @classmethod
+    def _offsets(cls, value: str) -> str:
+        if value in ("earliest", "latest"):
+            return value
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError("expected 'earliest', 'latest' or a JSON offsets object") from exc
+        return value
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers(cls, value: str) -> str:
+        for server in filter(None, (s.strip() for s in value.split(","))):
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"expected host:port entries separated by commas, got {server!r}")
+        return value
+
+
+class SparkConfig(_Section):
+    master: str = "local[2]"
+    shuffle_partitions: int = Field(default=4, gt=0)
+    driver_memory: str = "2g"
+    ui_enabled: bool = False
+    database: str = "kdq"
+    conf: dict[str, str] = Field(default_factory=dict, description="extra spark.* settings")
+
+    @field_validator("driver_memory")
+    @classmethod
+    def _memory(cls, value: str) -> str:
+        if not re.fullmatch(r"\d+[kmgt]?", value.lower()):
+            raise ValueError(f"expected a JVM memory size such as 2g or 512m, got {value!r}")
+        return value
+
+    @field_validator("database")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError(f"expected a SQL identifier, got {value!r}")
+        return value
+
+
+class StreamConfig(_Section):
+    window_seconds: int = Field(default=1, gt=0)
+    allowed_lateness_seconds: int = Field(default=60, ge=0)
+    future_margin_seconds: int = Field(default=300, ge=0)
+    trigger_interval_seconds: float = Field(default=5.0, ge=0)
+    max_value_bytes: int = Field(default=1024 * 1024, gt=0, description="larger values are invalid: too_large")
+    reasons_window_seconds: int = Field(default=60, gt=0)
+    quarantine_per_window: int = Field(default=20, ge=0)
+
+
+class InfluxConfig(_Section):
+    enabled: bool = True
+    version: Literal[1, 2] = 1
+    url: str = Field(default="", description="empty means the local stack's influxd")
+    local_port: int = Field(default=0, ge=0, le=65535)
+    local_rpc_port: int = Field(default=0, ge=0, le=65535)
+    database: str = "kdq"
+    retention_policy: str = "autogen"
+    username: str = ""
+    password: str = ""
+    org: str = ""
+    bucket: str = ""
+    token: str = ""
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    retries: int = Field(default=3, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if value and not re.match(r"https?://[^/\s]+", value):
+            raise ValueError(f"expected an http(s):// URL, got {value!r}")
+        return value
+
+
+class Config(_Section):
+    """Typed, frozen configuration. Build it with :func:`load_config`."""
+
+    base_dir: Path = Path(".")
+    source: str = "defaults"
+    paths: PathsConfig = PathsConfig()
+    kafka: KafkaConfig = KafkaConfig()
+    spark: SparkConfig = SparkConfig()
+    stream: StreamConfig = StreamConfig()
+    influxdb: InfluxConfig = InfluxConfig()
+
+    def path(self, relative: Path | str) -> Path:
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    @property
+    def data_dir(self) -> Path:
+        return self.path(self.paths.data_dir)
+
+    @property
+    def rules_dir(self) -> Path:
+        return self.path(self.paths.rules_dir)
+
+    @property
+    def jars_dir(self) -> Path:
+        return self.path(self.paths.jars_dir)
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.data_dir / "delta"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.data_dir / "checkpoints"
+
+    @property
+    def state_file(self) -> Path:
+        """Ports chosen by the local stack, so every process finds the same broker."""
+        return self.data_dir / "stack" / "state.json"
+
+    def local_state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def kafka_bootstrap(self) -> str:
+        if self.kafka.bootstrap_servers:
+            return self.kafka.bootstrap_servers
+        port = self.local_state().get("kafka_port")
+        if not port:
+            raise ConfigError(
+                "kafka.bootstrap_servers is empty and no local broker is recorded in "
+                f"{self.state_file}: start the local stack with `kdq up` or set KDQ_KAFKA__BOOTSTRAP_SERVERS"
+            )
+        return f"127.0.0.1:{port}"
+
+    def influx_url(self) -> str:
+        if self.influxdb.url:
+            return self.influxdb.url
+        port = self.local_state().get("influx_port")
+        if not port:
+            raise ConfigError(
+                "influxdb.url is empty and no local InfluxDB is recorded in "
+                f"{self.state_file}: start the local stack with `kdq up` or set KDQ_INFLUXDB__URL"
+            )
+        return f"http://127.0.0.1:{port}"
+
+    def kafka_client_conf(self) -> dict[str, str]:
+        """librdkafka/Java client settings shared by every client we create."""
+        return {"bootstrap.servers": self.kafka_bootstrap(), **self.kafka.client}
+
+
+_SECTIONS: dict[str, type[_Section]] = {
+    "paths": PathsConfig,
+    "kafka": KafkaConfig,
+    "spark": SparkConfig,
+    "stream": StreamConfig,
+    "influxdb": InfluxConfig,
+}
+
+
+def _suggest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _merge_env(raw: dict[str, dict[str, Any]], env: Mapping[str, str], origins: dict[str, str]) -> None:
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        if section not in _SECTIONS:
+            raise ConfigError(f"{name}: unknown section {section!r}{_suggest(section, list(_SECTIONS))}")
+        fields = _SECTIONS[section].model_fields
+        if key not in fields:
+            raise ConfigError(f"{name}: unknown key {section}.{key}{_suggest(key, list(fields))}")
+        annotation = str(fields[key].annotation)
+        parsed: Any = value
+        if annotation.startswith("dict"):
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{name}: expected a JSON object, got {value!r}") from exc
+        raw.setdefault(section, {})[key] = parsed
+        origins[f"{section}.{key}"] = name
+
+
+def find_config_file(env: Mapping[str, str]) -> Path | None:
+    """KDQ_CONFIG, else kdq.toml in the working directory or its parents, else the project's own."""
+    if env.get(CONFIG_FILE_ENV):
+        path = Path(env[CONFIG_FILE_ENV]).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{CONFIG_FILE_ENV}={path}: no such file")
+        return path.resolve()
+    cwd = Path.cwd()
+    for folder in (cwd, *cwd.parents):
+        if (folder / DEFAULT_CONFIG_NAME).is_file():
+            return (folder / DEFAULT_CONFIG_NAME).resolve()
+    project = Path(__file__).resolve().parents[2] / DEFAULT_CONFIG_NAME
+    return project if project.is_file() else None
+
+
+def load_config(
+    path: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """File (``path`` or :func:`find_config_file`) + environment + ``overrides`` → frozen Config."""
+    env = os.environ if env is None else env
+    file = Path(path).resolve() if path is not None else find_config_file(env)
+    raw: dict[str, dict[str, Any]] = {}
+    origins: dict[str, str] = {}
+    if file is not None:
+        try:
+            data = tomllib.loads(file.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{file}: no such config file") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
+        for section, values in data.items():
+            if section not in _SECTIONS:
+                raise ConfigError(f"{file}: unknown section [{section}]{_suggest(section, list(_SECTIONS))}")
+            if not isinstance(values, dict):
+                raise ConfigError(f"{file}: [{section}] must be a table")
+            fields = _SECTIONS[section].model_fields
+            for key in values:
+                if key not in fields:
+                    raise ConfigError(f"{file}: unknown key {section}.{key}{_suggest(key, list(fields))}")
+                origins[f"{section}.{key}"] = str(file)
+            raw[section] = dict(values)
+    _merge_env(raw, env, origins)
+    for section, values in (overrides or {}).items():
+        raw.setdefault(section, {}).update(values)
+        for key in values:
+            origins[f"{section}.{key}"] = "overrides"
+    base_dir = file.parent if file is not None else Path.cwd()
+    try:
+        return Config(base_dir=base_dir, source=str(file or "defaults"), **raw)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(part) for part in err["loc"])
+            origin = origins.get(".".join(str(part) for part in err["loc"][:2]), "defaults")
+            problems.append(f"{key} (from {origin}): {err['msg']}, got {err.get('input')!r}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+
+
+def check_kafka_reachable(config: Config, timeout: float = 5.0) -> None:
+    """Fail at start, naming the servers, when none of the bootstrap servers accepts a connection."""
+    servers = [s.strip() for s in config.kafka_bootstrap().split(",") if s.strip()]
+    failures = []
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                return
+        except OSError as exc:
+            failures.append(f"{server} ({exc.strerror or exc})")
+    raise ConfigError(f"kafka.bootstrap_servers: cannot reach any broker: {', '.join(failures)}")

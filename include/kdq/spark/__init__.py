@@ -1,0 +1,1 @@
+"""Spark-side code: the session factory, the pure transforms and the Delta writers."""

@@ -1,0 +1,83 @@
+"""The one SparkSession factory used by every job, the CLI and the tests.
+
+Tables are registered by location in each session (in-memory catalog) rather
+than in a shared Hive/Derby metastore: the embedded Derby metastore admits a
+single process, and the stream, the batch jobs, the CLI and the tests are
+separate processes. Registering ``CREATE TABLE ... USING delta LOCATION`` is
+idempotent and cheap (it reads only the Delta log's last checkpoint), so every
+session sees every table by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kdq.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# The jars scripts/setup.sh copies from Maven Central (jvm/spark-connectors/pom.xml).
+REQUIRED_JAR_PREFIXES = (
+    "spark-sql-kafka-0-10_2.13-",
+    "spark-token-provider-kafka-0-10_2.13-",
+    "kafka-clients-",
+    "commons-pool2-",
+    "delta-spark_2.13-",
+    "delta-storage-",
+)
+
+
+def connector_jars(config: Config) -> list[Path]:
+    """The cached Kafka-connector and Delta jars; a clear error when set-up has not fetched them."""
+    folder = config.jars_dir / "spark"
+    jars = sorted(folder.glob("*.jar"))
+    missing = [p for p in REQUIRED_JAR_PREFIXES if not any(j.name.startswith(p) for j in jars)]
+    if missing:
+        raise ConfigError(
+            f"paths.jars_dir: {folder} lacks {', '.join(m.rstrip('-') for m in missing)}; "
+            "run `make setup` (scripts/setup.sh) to fetch them with Maven"
+        )
+    return jars
+
+
+def spark_conf(config: Config, app_name: str) -> dict[str, str]:
+    """Every setting the factory applies, as a plain dict (spark-submit --conf uses the same)."""
+    conf = {
+        "spark.app.name": app_name,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.catalogImplementation": "in-memory",
+        "spark.sql.warehouse.dir": str(config.data_dir / "warehouse"),
+        "spark.sql.shuffle.partitions": str(config.spark.shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": str(config.spark.ui_enabled).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": config.spark.driver_memory,
+        # Delta reads its log with this many partitions; the default (50) makes
+        # every small MERGE schedule 50 tasks on a 2-core machine.
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+    }
+    if config.spark.master.startswith("local"):
+        conf["spark.jars"] = ",".join(str(p) for p in connector_jars(config))
+    conf.update(config.spark.conf)
+    return conf
+
+
+def build_session(config: Config, app_name: str = "kdq", master: str | None = None) -> SparkSession:
+    """A SparkSession with Delta and the Kafka connector, and every kdq table registered by name."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master or config.spark.master)
+    for key, value in spark_conf(config, app_name).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    from kdq.spark.tables import register_tables
+
+    register_tables(spark, config)
+    return spark

@@ -1,0 +1,97 @@
+"""The local stack: `up`, `down`, `status` for the embedded default deployment.
+
+Ports are chosen once (free loopback ports, unless configured) and recorded
+in ``<data_dir>/stack/state.json``; every later process (the stream, batch
+jobs, the CLI, Airflow tasks) resolves the broker and InfluxDB from there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kdq.config import Config
+from kdq.stack.influx import LocalInflux
+from kdq.stack.kafka import LocalKafka
+from kdq.stack.procs import free_port
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    address: str
+    running: bool
+    healthy: bool
+    detail: str = ""
+
+    def line(self) -> str:
+        state = "healthy" if self.healthy else ("running, NOT healthy" if self.running else "stopped")
+        return f"{self.name:<10} {self.address:<28} {state}{('  ' + self.detail) if self.detail else ''}"
+
+
+def _ports(config: Config) -> dict[str, int]:
+    """Configured ports win; otherwise reuse the recorded ones; otherwise pick free ones and record them."""
+    state = config.local_state()
+    wanted = {
+        "kafka_port": config.kafka.local_port,
+        "kafka_controller_port": config.kafka.local_controller_port,
+        "influx_port": config.influxdb.local_port,
+        "influx_rpc_port": config.influxdb.local_rpc_port,
+    }
+    ports = {key: value or int(state.get(key) or 0) or free_port() for key, value in wanted.items()}
+    if ports != {k: state.get(k) for k in ports}:
+        config.state_file.parent.mkdir(parents=True, exist_ok=True)
+        config.state_file.write_text(json.dumps({**state, **ports}, indent=2))
+    return ports
+
+
+class LocalStack:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        ports = _ports(config)
+        self.kafka = LocalKafka(config, ports["kafka_port"], ports["kafka_controller_port"])
+        self.influx = LocalInflux(config, ports["influx_port"], ports["influx_rpc_port"])
+
+    def up(self) -> list[ComponentStatus]:
+        """Start what is not running and wait until healthy. Starting twice is harmless."""
+        self.kafka.start()
+        self.kafka.create_topic(self.config.kafka.metrics_topic, partitions=3, config={"cleanup.policy": "compact"})
+        if self.config.influxdb.enabled:
+            self.influx.start()
+        return self.status()
+
+    def down(self) -> list[str]:
+        """Stop every component; returns the names of those that were running."""
+        stopped = []
+        for name, component in (("influxdb", self.influx), ("kafka", self.kafka)):
+            if component.stop():
+                stopped.append(name)
+        return stopped
+
+    def status(self) -> list[ComponentStatus]:
+        result = []
+        for name, component, address in (
+            ("kafka", self.kafka, self.kafka.bootstrap),
+            ("influxdb", self.influx, self.influx.url),
+        ):
+            running = component.process.running()
+            try:
+                healthy = running and component.healthy()
+            except Exception as exc:  # report, never raise, from a status probe
+                result.append(ComponentStatus(name, address, running, False, f"probe failed: {exc}"))
+                continue
+            result.append(ComponentStatus(name, address, running, healthy))
+        from kdq.spark.session import REQUIRED_JAR_PREFIXES
+
+        jars = sorted((self.config.jars_dir / "spark").glob("*.jar"))
+        ready = all(any(j.name.startswith(p) for j in jars) for p in REQUIRED_JAR_PREFIXES)
+        result.append(
+            ComponentStatus(
+                "spark",
+                self.config.spark.master,
+                ready,
+                ready,
+                f"Delta tables in {self.config.tables_dir}" if ready else "connector jars missing: run `make setup`",
+            )
+        )
+        return result

@@ -1,0 +1,134 @@
+"""Background processes of the local stack: start detached, find again by pid file, stop cleanly.
+
+A pid file alone is not proof (pids are reused), so a process counts as ours
+only if its command line still contains the marker we started it with (the
+component's own config file path).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+
+class StackError(RuntimeError):
+    """A local component could not be installed, started or reached; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ManagedProcess:
+    name: str
+    pid_file: Path
+    log_file: Path
+    marker: str  # a string that must appear in the command line (e.g. its config file path)
+
+    def process(self) -> psutil.Process | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            if any(self.marker in part for part in proc.cmdline()):
+                return proc
+        except (FileNotFoundError, ValueError, psutil.Error):
+            pass
+        return None
+
+    def running(self) -> bool:
+        return self.process() is not None
+
+    def start(self, command: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
+        """Start detached in its own session (so Ctrl-C in a terminal does not hit it); return the pid."""
+        existing = self.process()
+        if existing is not None:
+            return existing.pid
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            proc = subprocess.Popen(
+                list(command),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=cwd,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        self.pid_file.write_text(str(proc.pid))
+        # Until the child has exec'd, its command line is still Python's and
+        # process() would not recognise it; wait for the exec (or the exit).
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None and self.process() is None:
+            time.sleep(0.02)
+        return proc.pid
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """SIGTERM the process group, SIGKILL after ``timeout``; True if something was stopped."""
+        proc = self.process()
+        if proc is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        family = [proc, *proc.children(recursive=True)]
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            proc.terminate()
+        _, alive = psutil.wait_procs(family, timeout=timeout)
+        for leftover in alive:
+            try:
+                leftover.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=10)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log yet)"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(
+    check: Callable[[], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.25,
+    alive: Callable[[], bool] | None = None,
+    log: Callable[[], str] | None = None,
+) -> None:
+    """Poll ``check`` until it is true; raise StackError naming ``what`` on deadline or process death."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:  # a probe that errors just means "not yet"
+            pass
+        if alive is not None and not alive():
+            raise StackError(f"{what}: the process exited during start-up.\n{log() if log else ''}")
+        time.sleep(interval)
+    raise StackError(f"{what}: not ready after {timeout:.0f}s.\n{log() if log else ''}")

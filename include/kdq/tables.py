@@ -1,0 +1,155 @@
+"""Names, schemas and layout of every Delta table kdq writes.
+
+Pure data (no Spark import) so the CLI, the DAGs and the tests share one
+definition. The Spark side (:mod:`kdq.spark.tables`) creates and registers
+them from these specs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    partitioned_by: tuple[str, ...] = ()
+    properties: tuple[tuple[str, str], ...] = ()
+    comment: str = ""
+
+    @property
+    def ddl_columns(self) -> str:
+        return ", ".join(f"`{name}` {sql_type}" for name, sql_type in self.columns)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.columns)
+
+
+# Small tables written once per micro-batch accumulate small files; Delta's
+# auto compaction folds them so readers do not slow down over a day.
+_AUTO_COMPACT = (("delta.autoOptimize.autoCompact", "true"),)
+
+RAW_ARCHIVE = TableSpec(
+    name="raw_archive",
+    columns=(
+        ("topic", "STRING"),
+        ("partition", "INT"),
+        ("offset", "BIGINT"),
+        ("kafka_timestamp", "TIMESTAMP"),
+        ("event_time", "TIMESTAMP"),
+        ("window_start", "TIMESTAMP"),
+        ("key", "BINARY"),
+        ("value", "BINARY"),
+        ("ingest_time", "TIMESTAMP"),
+        ("valid", "BOOLEAN"),
+        ("reason", "STRING"),
+        ("counted", "BOOLEAN"),
+        ("rules_version", "STRING"),
+        ("batch_id", "BIGINT"),
+        ("source", "STRING"),
+        ("event_hour", "STRING"),
+    ),
+    # Partitioned by the hour of the window the record counts in: recomputing
+    # a window reads one partition; finding an interval's late rows relies on
+    # per-file min/max statistics of ingest_time (files are written per batch,
+    # so their ingest_time ranges are narrow and skipping is effective).
+    partitioned_by=("event_hour",),
+    comment="Every consumed Kafka record exactly once (topic, partition, offset).",
+)
+
+WINDOW_COUNTS = TableSpec(
+    name="window_counts",
+    columns=(
+        ("topic", "STRING"),
+        ("window_start", "TIMESTAMP"),
+        ("window_end", "TIMESTAMP"),
+        ("status", "STRING"),
+        ("count", "BIGINT"),
+        ("updated_at", "TIMESTAMP"),
+        ("updated_by", "STRING"),
+        ("rules_version", "STRING"),
+        ("window_date", "DATE"),
+    ),
+    partitioned_by=("window_date",),
+    properties=_AUTO_COMPACT,
+    comment="Absolute valid/invalid counts per (topic, window_start, status).",
+)
+
+INVALID_REASONS = TableSpec(
+    name="invalid_reasons",
+    columns=(
+        ("topic", "STRING"),
+        ("window_start", "TIMESTAMP"),
+        ("reason", "STRING"),
+        ("count", "BIGINT"),
+        ("updated_at", "TIMESTAMP"),
+    ),
+    properties=_AUTO_COMPACT,
+    comment="Invalid messages per (topic, coarse window, reason).",
+)
+
+QUARANTINE = TableSpec(
+    name="quarantine",
+    columns=(
+        ("topic", "STRING"),
+        ("partition", "INT"),
+        ("offset", "BIGINT"),
+        ("window_start", "TIMESTAMP"),
+        ("reason", "STRING"),
+        ("value_preview", "STRING"),
+        ("value_bytes", "BIGINT"),
+        ("ingest_time", "TIMESTAMP"),
+        ("batch_id", "BIGINT"),
+    ),
+    properties=_AUTO_COMPACT,
+    comment="A bounded sample of invalid messages per topic and coarse window, with reasons.",
+)
+
+CORRECTIONS = TableSpec(
+    name="corrections",
+    columns=(
+        ("topic", "STRING"),
+        ("window_start", "TIMESTAMP"),
+        ("status", "STRING"),
+        ("old_count", "BIGINT"),
+        ("new_count", "BIGINT"),
+        ("interval_start", "TIMESTAMP"),
+        ("interval_end", "TIMESTAMP"),
+        ("run_id", "STRING"),
+        ("reason", "STRING"),
+        ("corrected_at", "TIMESTAMP"),
+    ),
+    properties=_AUTO_COMPACT,
+    comment="Every change the batch layer made to window_counts.",
+)
+
+BATCH_LEDGER = TableSpec(
+    name="stream_batches",
+    columns=(
+        ("app_id", "STRING"),
+        ("batch_id", "BIGINT"),
+        ("ingest_time", "TIMESTAMP"),
+        ("max_event_time_before", "MAP<STRING, TIMESTAMP>"),
+        ("max_event_time_after", "MAP<STRING, TIMESTAMP>"),
+        ("input_rows", "BIGINT"),
+        ("late_rows", "MAP<STRING, BIGINT>"),
+        ("end_offsets", "STRING"),
+        ("started_at", "TIMESTAMP"),
+    ),
+    properties=_AUTO_COMPACT,
+    comment=(
+        "One row per speed-layer micro-batch, written before any output: the batch's ingest time "
+        "and per-topic event-time watermarks, so a replayed batch is classified exactly as the first try."
+    ),
+)
+
+ALL_TABLES: tuple[TableSpec, ...] = (
+    RAW_ARCHIVE,
+    WINDOW_COUNTS,
+    INVALID_REASONS,
+    QUARANTINE,
+    CORRECTIONS,
+    BATCH_LEDGER,
+)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One-time, idempotent set-up of everything kdq needs on this machine:
+#   - Debian packages: influxdb (local InfluxDB 1.x), docker-compose (validates the
+#     cluster deployment file), a Java 17 runtime and Maven if missing;
+#   - .venv from requirements.txt, plus the kdq package itself (editable);
+#   - the JVM jars from Maven Central (Kafka broker; Spark's Kafka connector and Delta)
+#     into .cache/jars/.
+# Each step is skipped when its inputs have not changed (stamp files in .cache/), so a
+# re-run takes a second or two.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CACHE=$ROOT/.cache
+mkdir -p "$CACHE/stamps"
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '\033[31m[setup] %s\033[0m\n' "$*" >&2; exit 1; }
+stamp_ok() { [ -f "$CACHE/stamps/$1" ] && [ "$(cat "$CACHE/stamps/$1")" = "$2" ]; }
+stamp_set() { echo "$2" > "$CACHE/stamps/$1"; }
+hash_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+# --- Debian packages -------------------------------------------------------------
+need_pkgs=()
+command -v influxd >/dev/null || need_pkgs+=(influxdb)
+command -v docker-compose >/dev/null || need_pkgs+=(docker-compose)
+command -v java >/dev/null || need_pkgs+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need_pkgs+=(maven)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing Debian packages: ${need_pkgs[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+    # The influxdb package may start a system-wide daemon; kdq runs its own instance
+    # with its own config and ports, so the system one is not needed.
+    if command -v service >/dev/null; then service influxdb stop >/dev/null 2>&1 || true; fi
+  else
+    die "missing: ${need_pkgs[*]}. Install them with: sudo apt-get install ${need_pkgs[*]} (Debian/Ubuntu package names)"
+  fi
+fi
+java -version 2>&1 | grep -qE 'version "(17|2[0-9])' || die "Java 17 or newer is required (found: $(java -version 2>&1 | head -1))"
+
+# --- Python virtualenv -------------------------------------------------------------
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else 1)' \
+  || die "Python 3.11+ is required (found $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11"
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $PY"
+  "$PY" -m venv .venv
+fi
+venv_hash=$(hash_of requirements.txt pyproject.toml)
+if ! stamp_ok venv "$venv_hash"; then
+  say "installing Python packages from requirements.txt (first run: about 2 minutes)"
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -r requirements.txt
+  .venv/bin/pip install -q --no-deps -e .
+  stamp_set venv "$venv_hash"
+fi
+
+# --- JVM jars from Maven Central ---------------------------------------------------
+fetch_jars() {  # name pom-dir extra-mvn-args...
+  local name=$1 pom=$2; shift 2
+  local h; h=$(hash_of "$pom/pom.xml")
+  if ! stamp_ok "jars-$name" "$h"; then
+    say "fetching $name jars with Maven"
+    rm -rf "$CACHE/jars/$name"
+    mvn -q -B -f "$pom/pom.xml" dependency:copy-dependencies -DoutputDirectory="$CACHE/jars/$name" "$@" \
+      || die "Maven could not fetch the $name jars (see the output above)"
+    stamp_set "jars-$name" "$h"
+  fi
+}
+fetch_jars kafka jvm/kafka-broker -DincludeScope=runtime
+# Only the listed artifacts: their dependencies ship inside pyspark (see the pom).
+fetch_jars spark jvm/spark-connectors -DexcludeTransitive=true
+
+say "ready: .venv, $(ls "$CACHE/jars/kafka" | wc -l) Kafka jars, $(ls "$CACHE/jars/spark" | wc -l) Spark connector jars, $(influxd version 2>/dev/null | head -1)"

@@ -1,0 +1,81 @@
+"""Configuration: defaults work, file + environment layering, and every error names the key."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from kdq.config import ConfigError, check_kafka_reachable, load_config
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "kdq.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_work_locally(tmp_path) -> None:
+    config = load_config(write(tmp_path, ""), env={})
+    assert config.stream.window_seconds == 1
+    assert config.kafka.topic_include == ".*"
+    assert config.data_dir == (tmp_path / ".local").resolve()
+    assert config.spark.master.startswith("local")
+
+
+def test_environment_overrides_file(tmp_path) -> None:
+    path = write(tmp_path, "[stream]\nwindow_seconds = 10\n[kafka]\nbootstrap_servers = 'a:1'\n")
+    config = load_config(path, env={"KDQ_STREAM__WINDOW_SECONDS": "5", "KDQ_KAFKA__CLIENT": '{"security.protocol": "SSL"}'})
+    assert config.stream.window_seconds == 5
+    assert config.kafka_bootstrap() == "a:1"
+    assert config.kafka_client_conf() == {"bootstrap.servers": "a:1", "security.protocol": "SSL"}
+
+
+def test_config_is_frozen(tmp_path) -> None:
+    config = load_config(write(tmp_path, ""), env={})
+    with pytest.raises(Exception):
+        config.stream.window_seconds = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "expected"),
+    [
+        ("[stream]\nwindow_secnds = 1\n", {}, "unknown key stream.window_secnds (did you mean 'window_seconds'?)"),
+        ("[strem]\n", {}, "unknown section [strem]"),
+        ("", {"KDQ_STREAM__WINDOW": "1"}, "KDQ_STREAM__WINDOW: unknown key stream.window"),
+        ("", {"KDQ_STREEM__WINDOW_SECONDS": "1"}, "unknown section 'streem'"),
+        ("[stream]\nwindow_seconds = 0\n", {}, "stream.window_seconds"),
+        ("", {"KDQ_STREAM__WINDOW_SECONDS": "abc"}, "stream.window_seconds (from KDQ_STREAM__WINDOW_SECONDS)"),
+        ("[kafka]\ntopic_include = '(['\n", {}, "kafka.topic_include"),
+        ("[kafka]\nbootstrap_servers = 'nohost'\n", {}, "expected host:port"),
+        ("[kafka]\nstarting_offsets = 'sometimes'\n", {}, "kafka.starting_offsets"),
+        ("[influxdb]\nversion = 3\n", {}, "influxdb.version"),
+        ("[influxdb]\nurl = 'localhost:8086'\n", {}, "expected an http(s):// URL"),
+        ("[spark]\ndriver_memory = 'lots'\n", {}, "spark.driver_memory"),
+        ("[stream\n", {}, "not valid TOML"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path, text, env, expected) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, text), env=env)
+    assert expected in str(error.value)
+
+
+def test_missing_config_file_is_reported(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(env={"KDQ_CONFIG": str(tmp_path / "missing.toml")})
+
+
+def test_empty_bootstrap_without_local_stack_says_what_to_do(tmp_path) -> None:
+    config = load_config(write(tmp_path, ""), env={})
+    with pytest.raises(ConfigError, match="kdq up"):
+        config.kafka_bootstrap()
+
+
+def test_unreachable_bootstrap_servers_are_reported_as_such(tmp_path) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = load_config(write(tmp_path, f"[kafka]\nbootstrap_servers = '127.0.0.1:{port}'\n"), env={})
+    with pytest.raises(ConfigError, match=f"cannot reach any broker: 127.0.0.1:{port}"):
+        check_kafka_reachable(config, timeout=1)
