@@ -20,7 +20,7 @@ import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -131,7 +131,7 @@ class StreamConfig(_Section):
 
 class InfluxConfig(_Section):
     enabled: bool = True
-    version: Literal[1, 2] = 1
+    version: int = Field(default=1, description="1 (database/retention policy) or 2 (org/bucket/token; also 3.x)")
     url: str = Field(default="", description="empty means the local stack's influxd")
     local_port: int = Field(default=0, ge=0, le=65535)
     local_rpc_port: int = Field(default=0, ge=0, le=65535)
@@ -144,6 +144,13 @@ class InfluxConfig(_Section):
     token: str = ""
     timeout_seconds: float = Field(default=10.0, gt=0)
     retries: int = Field(default=3, ge=0)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: int) -> int:
+        if value not in (1, 2, 3):
+            raise ValueError(f"expected 1 (InfluxDB 1.x) or 2 (2.x/3.x, influxdb-client), got {value}")
+        return 2 if value == 3 else value
 
     @field_validator("url")
     @classmethod

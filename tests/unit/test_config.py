@@ -49,7 +49,7 @@ def test_config_is_frozen(tmp_path) -> None:
         ("[kafka]\ntopic_include = '(['\n", {}, "kafka.topic_include"),
         ("[kafka]\nbootstrap_servers = 'nohost'\n", {}, "expected host:port"),
         ("[kafka]\nstarting_offsets = 'sometimes'\n", {}, "kafka.starting_offsets"),
-        ("[influxdb]\nversion = 3\n", {}, "influxdb.version"),
+        ("[influxdb]\nversion = 4\n", {}, "influxdb.version"),
         ("[influxdb]\nurl = 'localhost:8086'\n", {}, "expected an http(s):// URL"),
         ("[spark]\ndriver_memory = 'lots'\n", {}, "spark.driver_memory"),
         ("[stream\n", {}, "not valid TOML"),
