@@ -174,8 +174,10 @@ def test_kafka_is_single_node_kraft(compose: dict[str, Any]) -> None:
 
 def test_spark_standalone_master_and_worker(compose: dict[str, Any]) -> None:
     master, worker = compose["services"]["spark-master"], compose["services"]["spark-worker"]
+    airflow_image = compose["services"]["airflow-scheduler"]["image"]
     for service in (master, worker):
-        assert str(service["image"]).startswith("apache/spark:"), service["image"]
+        # Same image as the driver (Airflow): one Spark (pyspark 4.2.0) and one Python version.
+        assert service["image"] == airflow_image, service["image"]
     assert "org.apache.spark.deploy.master.Master" in master["command"]
     assert _published_ports(master) == {7077: 7077, 8080: 8080}
     assert "org.apache.spark.deploy.worker.Worker" in worker["command"]
