@@ -42,7 +42,37 @@ def _status(config: Config, args: argparse.Namespace) -> int:
     statuses = LocalStack(config).status()
     for status in statuses:
         print(status.line())
+    from kdq.stream_status import describe_stream
+
+    for line in describe_stream(config):
+        print(line)
     return 0 if all(s.healthy for s in statuses) else 1
+
+
+def _stream(config: Config, args: argparse.Namespace) -> int:
+    from kdq.stream_process import child_env, start_stream, stream_process
+
+    job_args = (["--available-now"] if args.available_now else []) + (
+        ["--trigger-seconds", str(args.trigger_seconds)] if args.trigger_seconds is not None else []
+    )
+    if args.detach:
+        pid = start_stream(config, job_args)
+        print(f"speed layer running (pid {pid}); log: {stream_process(config).log_file}; stop: kdq stream-stop")
+        return 0
+    import os
+    import subprocess
+
+    from kdq.spark.submit import submit_command
+
+    command = submit_command(config, "stream_counts", job_args, app_name="kdq-speed-layer")
+    return subprocess.call(command, env={**os.environ, **child_env(config)}, cwd=config.base_dir)
+
+
+def _stream_stop(config: Config, args: argparse.Namespace) -> int:
+    from kdq.stream_process import stop_stream
+
+    print("speed layer stopped" if stop_stream(config) else "speed layer was not running")
+    return 0
 
 
 def _sql(config: Config, args: argparse.Namespace) -> int:
@@ -66,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands.add_parser("down", help="stop every local component").set_defaults(func=_down)
     commands.add_parser("status", help="each component with its address and health").set_defaults(func=_status)
+    stream = commands.add_parser("stream", help="run the speed layer (spark-submit spark_jobs/stream_counts.py)")
+    stream.add_argument("--detach", action="store_true", help="run in the background (log under .local/stream/)")
+    stream.add_argument("--available-now", action="store_true", help="process what Kafka holds now, then exit")
+    stream.add_argument("--trigger-seconds", type=float)
+    stream.set_defaults(func=_stream)
+    commands.add_parser("stream-stop", help="stop the background speed layer gracefully").set_defaults(
+        func=_stream_stop
+    )
     sql = commands.add_parser("sql", help="run Spark SQL on the kdq tables (registered by name)")
     sql.add_argument("statement", nargs="+")
     sql.add_argument("--limit", type=int, default=50)

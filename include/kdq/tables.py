@@ -130,9 +130,9 @@ BATCH_LEDGER = TableSpec(
     columns=(
         ("app_id", "STRING"),
         ("batch_id", "BIGINT"),
-        ("ingest_time", "TIMESTAMP"),
-        ("max_event_time_before", "MAP<STRING, TIMESTAMP>"),
-        ("max_event_time_after", "MAP<STRING, TIMESTAMP>"),
+        ("ingest_time_ms", "BIGINT"),
+        ("max_event_ms_before", "MAP<STRING, BIGINT>"),
+        ("max_event_ms_after", "MAP<STRING, BIGINT>"),
         ("input_rows", "BIGINT"),
         ("late_rows", "MAP<STRING, BIGINT>"),
         ("end_offsets", "STRING"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from pydantic import ValidationError
 
 from kdq.config import ConfigError, check_kafka_reachable, load_config
 
@@ -33,7 +34,7 @@ def test_environment_overrides_file(tmp_path) -> None:
 
 def test_config_is_frozen(tmp_path) -> None:
     config = load_config(write(tmp_path, ""), env={})
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         config.stream.window_seconds = 2  # type: ignore[misc]
 
 

@@ -20,17 +20,10 @@ def qualified_name(config: Config, spec: TableSpec) -> str:
     return f"{config.spark.database}.{spec.name}"
 
 
-def _create_statement(config: Config, spec: TableSpec, exists: bool) -> str:
-    if exists:
-        # Schema, partitioning and properties come from the table's own log;
-        # restating them would fail once a property was changed by ALTER TABLE.
-        return f"CREATE TABLE IF NOT EXISTS {qualified_name(config, spec)} USING delta LOCATION '{table_path(config, spec)}'"
-    parts = [
-        f"CREATE TABLE IF NOT EXISTS {qualified_name(config, spec)} ({spec.ddl_columns}) USING delta",
-    ]
+def _create_by_path(spec: TableSpec, path: str) -> str:
+    parts = [f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({spec.ddl_columns}) USING delta"]
     if spec.partitioned_by:
         parts.append(f"PARTITIONED BY ({', '.join(spec.partitioned_by)})")
-    parts.append(f"LOCATION '{table_path(config, spec)}'")
     if spec.comment:
         parts.append("COMMENT '" + spec.comment.replace("'", "\\'") + "'")
     if spec.properties:
@@ -39,23 +32,35 @@ def _create_statement(config: Config, spec: TableSpec, exists: bool) -> str:
     return " ".join(parts)
 
 
-def register_tables(spark: SparkSession, config: Config, attempts: int = 3) -> None:
-    """Make every kdq table queryable by name in this session, creating missing ones.
+def _retrying(action, attempts: int = 3) -> None:
+    """Two processes may create the same table at the same moment (the stream and a batch job
+    starting together); Delta lets one commit win and fails the other, so creation is retried."""
+    for attempt in range(1, attempts + 1):
+        try:
+            action()
+            return
+        except Exception as exc:  # py4j surfaces Delta's exceptions as generic ones
+            if attempt == attempts or ("Concurrent" not in str(exc) and "already exists" not in str(exc)):
+                raise
+            time.sleep(0.5 * attempt)
 
-    Two processes may create the same table at the same moment (the stream and
-    a batch job starting together); Delta lets one commit win and the other
-    fails with a concurrent-modification error, so creation is retried.
-    """
+
+def ensure_tables(spark: SparkSession, config: Config) -> None:
+    """Create every missing kdq table at its path (its identity); existing ones are left as they are."""
     from delta.tables import DeltaTable
 
+    for spec in ALL_TABLES:
+        path = table_path(config, spec)
+        if not DeltaTable.isDeltaTable(spark, path):
+            _retrying(lambda spec=spec, path=path: spark.sql(_create_by_path(spec, path)))
+
+
+def register_tables(spark: SparkSession, config: Config) -> None:
+    """Create missing tables, then make each queryable by name (``kdq.window_counts``) in this session."""
+    ensure_tables(spark, config)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {config.spark.database}")
     for spec in ALL_TABLES:
-        for attempt in range(1, attempts + 1):
-            try:
-                exists = DeltaTable.isDeltaTable(spark, table_path(config, spec))
-                spark.sql(_create_statement(config, spec, exists))
-                break
-            except Exception as exc:  # py4j surfaces Delta's exceptions as generic ones
-                if attempt == attempts or "Concurrent" not in str(exc) and "already exists" not in str(exc):
-                    raise
-                time.sleep(0.5 * attempt)
+        spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {qualified_name(config, spec)} USING delta "
+            f"LOCATION '{table_path(config, spec)}'"
+        )

@@ -1,0 +1,76 @@
+"""The metrics topic: one message per changed window, key naming the window, value its absolute count.
+
+Key   ``{"topic":"tx","window":1501273548000,"status":"valid"}`` (window start, epoch millis)
+Value ``6`` (the new absolute count)
+
+The topic is compacted: consumers converge to the latest absolute value per
+window, so re-sending a value after a crash (at-least-once) is harmless.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+
+from kdq.config import Config
+
+
+def metric_key(topic: str, window_ms: int, status: str) -> str:
+    # Fixed key order and no spaces: the key is what compaction deduplicates on.
+    return json.dumps({"topic": topic, "window": int(window_ms), "status": status}, separators=(",", ":"))
+
+
+def ensure_metrics_topic(config: Config, partitions: int = 3) -> None:
+    """Create the compacted metrics topic if it does not exist (replication from the cluster default)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(config.kafka_client_conf())
+    name = config.kafka.metrics_topic
+    if name in admin.list_topics(timeout=30).topics:
+        return
+    futures = admin.create_topics(
+        [NewTopic(name, partitions, replication_factor=-1, config={"cleanup.policy": "compact"})], operation_timeout=30
+    )
+    try:
+        futures[name].result(timeout=60)
+    except KafkaException as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            raise
+
+
+def produce_counts(config: Config, rows: Iterable[Mapping], timeout: float = 60.0) -> int:
+    """Send (topic, window_start_ms, status, count) rows; raises if any is not acknowledged in time."""
+    from confluent_kafka import KafkaException, Producer
+
+    producer = Producer(
+        {
+            **config.kafka_client_conf(),
+            # Idempotent: broker-side dedup of retries, and per-partition order,
+            # so a later count for a window never lands before an earlier one.
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "compression.type": "lz4",
+        }
+    )
+    errors: list[str] = []
+
+    def on_delivery(err, msg) -> None:
+        if err is not None:
+            errors.append(f"{msg.key()!r}: {err}")
+
+    sent = 0
+    for row in rows:
+        producer.produce(
+            config.kafka.metrics_topic,
+            key=metric_key(row["topic"], row["window_start_ms"], row["status"]),
+            value=str(int(row["count"])),
+            on_delivery=on_delivery,
+        )
+        sent += 1
+        producer.poll(0)
+    remaining = producer.flush(timeout)
+    if remaining or errors:
+        raise KafkaException(f"metrics topic {config.kafka.metrics_topic}: {remaining} unsent, errors: {errors[:5]}")
+    return sent

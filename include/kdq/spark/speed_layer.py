@@ -1,0 +1,444 @@
+"""The speed layer: Kafka → classify → (archive, window counts, reasons, quarantine, metrics topic, InfluxDB).
+
+Design (why no Spark stateful aggregation): each micro-batch is aggregated on
+its own and its per-window *increments* are MERGEd into Delta under Delta's
+idempotent-write guard (txnAppId = this checkpoint's app id, txnVersion =
+batch id). Memory therefore does not grow with topics × windows × lateness
+(there is no state store), and lateness is judged per topic against the
+maximum event time each topic has shown, recorded in the batch ledger, instead
+of Spark's single global watermark, so one producer with a clock in the future
+cannot make every other topic's records late.
+
+Exactly once, step by step, for micro-batch N (Spark replays N after a crash
+until its commit is in the checkpoint):
+
+1. ledger row N (ingest time, per-topic watermarks) is read if it exists,
+   else computed and appended: a replay classifies every record identically;
+2. raw archive append, guarded by (app id, N);
+3. window-count increments MERGE, guarded by (app id, N);
+4. invalid-reason increments MERGE and quarantine sample append, guarded;
+5. absolute counts of the changed windows are read back from Delta and sent
+   to the metrics topic and InfluxDB: absolute values, so re-sending after a
+   replay is harmless (at-least-once delivery of idempotent values).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+
+from kdq.config import Config
+from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
+from kdq.metrics_topic import ensure_metrics_topic, produce_counts
+from kdq.rules import RuleSet
+from kdq.spark import transforms
+from kdq.spark.tables import ensure_tables
+from kdq.spark.writers import (
+    append_archive,
+    append_ledger,
+    append_quarantine,
+    merge_reason_increments,
+    merge_window_increments,
+    now_ms,
+    read_ledger,
+    read_window_counts,
+)
+from kdq.windows import subscribe_pattern
+
+log = logging.getLogger("kdq.stream")
+
+FAULT_POINTS = ("after_ledger", "after_archive", "after_merge", "after_metrics", "before_commit")
+
+
+@dataclass(frozen=True)
+class FaultInjector:
+    """Test switch: kill the process (SIGKILL semantics, ``os._exit``) at a named point of a batch.
+
+    Set by the job's entrypoint from KDQ_FAULT_POINT / KDQ_FAULT_BATCH /
+    KDQ_FAULT_MARKER; the marker file makes it fire once, so the restarted
+    process runs through.
+    """
+
+    point: str | None = None
+    batch_id: int | None = None
+    marker: Path | None = None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> FaultInjector:
+        point = env.get("KDQ_FAULT_POINT") or None
+        if point is not None and point not in FAULT_POINTS:
+            raise ValueError(f"KDQ_FAULT_POINT: expected one of {FAULT_POINTS}, got {point!r}")
+        batch = env.get("KDQ_FAULT_BATCH")
+        marker = env.get("KDQ_FAULT_MARKER")
+        return cls(point, int(batch) if batch else None, Path(marker) if marker else None)
+
+    def maybe_crash(self, point: str, batch_id: int, rows: int) -> None:
+        if self.point != point or rows == 0:
+            return
+        if self.batch_id is not None and batch_id < self.batch_id:
+            return
+        if self.marker is not None:
+            if self.marker.exists():
+                return
+            self.marker.write_text(f"{point} batch {batch_id}\n")
+        log.error("fault injection: killing the process at %s of batch %d", point, batch_id)
+        os._exit(137)
+
+
+def stream_state_dir(config: Config) -> Path:
+    return config.data_dir / "stream"
+
+
+def checkpoint_dir(config: Config) -> Path:
+    return config.checkpoints_dir / "speed_layer"
+
+
+def app_id_for(checkpoint: Path) -> str:
+    """The idempotent-write app id, stored inside the checkpoint.
+
+    Tied to the checkpoint on purpose: a new checkpoint restarts batch ids at
+    0, and with the old app id Delta would silently skip those batches as
+    already written. A new checkpoint gets a new app id.
+    """
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    path = checkpoint / "kdq_app_id"
+    if not path.exists():
+        tmp = checkpoint / f".kdq_app_id.{uuid.uuid4().hex}"
+        tmp.write_text(f"kdq-stream-{uuid.uuid4()}")
+        try:
+            os.link(tmp, path)  # atomic create-if-absent: two starters agree on one id
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path.read_text().strip()
+
+
+def _atomic_write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+class InfluxPushState:
+    """Durable record of windows the stream could not push to InfluxDB.
+
+    ``pending_since_ms``: every window-count row updated at or after this time
+    may be missing from InfluxDB; the batch layer's catch-up pushes them and
+    clears it. Only the earliest failure matters, so the file stays tiny.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.path = stream_state_dir(config) / "influx_push_state.json"
+
+    def read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {"pending_since_ms": None, "failures": 0}
+
+    def record_failure(self, since_ms: int, error: str) -> None:
+        state = self.read()
+        pending = state.get("pending_since_ms")
+        state["pending_since_ms"] = since_ms if pending is None else min(pending, since_ms)
+        state["failures"] = int(state.get("failures", 0)) + 1
+        state["last_error"] = error
+        _atomic_write_json(self.path, state)
+
+    def clear(self, up_to_ms: int) -> None:
+        state = self.read()
+        state["pending_since_ms"] = None
+        state["last_catch_up_ms"] = up_to_ms
+        _atomic_write_json(self.path, state)
+
+
+@dataclass
+class BatchReport:
+    batch_id: int
+    input_rows: int = 0
+    input_rows_by_topic: dict[str, int] = field(default_factory=dict)
+    late_rows: dict[str, int] = field(default_factory=dict)
+    max_event_ms: dict[str, int] = field(default_factory=dict)
+    changed_windows: int = 0
+    influx_ok: bool = True
+    replayed: bool = False
+    durations_ms: dict[str, int] = field(default_factory=dict)
+
+
+class SpeedLayer:
+    """One streaming query; ``process_batch`` is its foreachBatch writer (one writer thread per session)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: Config,
+        rules: RuleSet,
+        faults: FaultInjector | None = None,
+        checkpoint: Path | None = None,
+    ) -> None:
+        self.spark = spark
+        self.config = config
+        self.rules = rules
+        self.faults = faults or FaultInjector()
+        self.checkpoint = checkpoint or checkpoint_dir(config)
+        self.app_id = app_id_for(self.checkpoint)
+        self.push_state = InfluxPushState(config)
+        self.reports: dict[int, BatchReport] = {}
+        self.on_report: Callable[[BatchReport], None] | None = None
+
+    # -- the source ------------------------------------------------------------
+    def source(self) -> DataFrame:
+        kafka = self.config.kafka
+        pattern = subscribe_pattern(kafka.topic_include, kafka.topic_exclude, (kafka.metrics_topic,))
+        reader = (
+            self.spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", self.config.kafka_bootstrap())
+            .option("subscribePattern", pattern)
+            .option("startingOffsets", kafka.starting_offsets)
+            .option("maxOffsetsPerTrigger", kafka.max_offsets_per_trigger)
+            .option("failOnDataLoss", str(kafka.fail_on_data_loss).lower())
+            # New topics matching the pattern are found when the consumer
+            # refreshes metadata; the client default (5 min) is too slow.
+            .option("kafka.metadata.max.age.ms", "5000")
+            .option("kafka.max.partition.fetch.bytes", str(kafka.max_message_bytes))
+        )
+        for key, value in kafka.client.items():
+            reader = reader.option(f"kafka.{key}", value)
+        return reader.load()
+
+    def start(self, trigger_seconds: float | None = None, available_now: bool = False) -> StreamingQuery:
+        ensure_metrics_topic(self.config)
+        ensure_tables(self.spark, self.config)
+        seconds = self.config.stream.trigger_interval_seconds if trigger_seconds is None else trigger_seconds
+        writer = (
+            self.source()
+            .writeStream.queryName("kdq_speed_layer")
+            .option("checkpointLocation", str(self.checkpoint))
+            .foreachBatch(self.process_batch)
+        )
+        writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=f"{seconds} seconds")
+        return writer.start()
+
+    # -- one micro-batch -----------------------------------------------------------
+    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        timings: dict[str, int] = {}
+
+        def lap(name: str, since: list[float] = [started]) -> None:  # noqa: B006 - a per-call stopwatch
+            now = time.monotonic()
+            timings[name] = int((now - since[0]) * 1000)
+            since[0] = now
+
+        stream = self.config.stream
+        current, previous = read_ledger(self.spark, self.config, self.app_id, batch_id)
+        replayed = current is not None
+        if replayed:
+            ingest_ms = int(current["ingest_time_ms"])
+            before = dict(current["max_event_ms_before"] or {})
+        else:
+            ingest_ms = now_ms()
+            before = dict(previous["max_event_ms_after"] or {}) if previous else {}
+        classified = transforms.mark_late(transforms.classify(batch, self.rules, stream, ingest_ms), before, stream)
+        classified = classified.persist()
+        lap("ledger_read")
+        try:
+            stats = transforms.topic_batch_stats(classified).collect()
+            report = BatchReport(
+                batch_id=batch_id,
+                input_rows=sum(r["input_rows"] for r in stats),
+                input_rows_by_topic={r["topic"]: r["input_rows"] for r in stats},
+                late_rows={r["topic"]: r["late_rows"] for r in stats if r["late_rows"]},
+                max_event_ms={r["topic"]: r["max_event_ms"] for r in stats if r["max_event_ms"] is not None},
+                replayed=replayed,
+            )
+            lap("classify")
+            if not replayed:
+                after = dict(before)
+                for topic, ms in report.max_event_ms.items():
+                    after[topic] = max(ms, after.get(topic, ms))
+                append_ledger(
+                    self.spark,
+                    self.config,
+                    self.app_id,
+                    {
+                        "batch_id": batch_id,
+                        "ingest_time_ms": ingest_ms,
+                        "max_event_ms_before": before,
+                        "max_event_ms_after": after,
+                        "input_rows": report.input_rows,
+                        "late_rows": report.late_rows,
+                    },
+                )
+                lap("ledger_write")
+            self.faults.maybe_crash("after_ledger", batch_id, report.input_rows)
+            if report.input_rows == 0:
+                return
+
+            append_archive(classified, self.config, self.app_id, batch_id, batch_id, "stream")
+            lap("archive")
+            self.faults.maybe_crash("after_archive", batch_id, report.input_rows)
+
+            increments = [
+                {**row.asDict(), "window_start_ms": row["window_start_ms"]}
+                for row in transforms.count_windows(classified, stream)
+                .withColumn("window_start_ms", F.unix_millis("window_start"))
+                .collect()
+            ]
+            merge_window_increments(self.spark, increments, self.config, self.app_id, batch_id)
+            lap("merge_counts")
+            self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
+
+            merge_reason_increments(
+                self.spark, transforms.count_reasons(classified, stream), self.config, self.app_id, batch_id
+            )
+            if stream.quarantine_per_window:
+                append_quarantine(
+                    transforms.quarantine_sample(classified, stream, stream.quarantine_per_window),
+                    self.config,
+                    self.app_id,
+                    batch_id,
+                    batch_id,
+                )
+            lap("reasons_quarantine")
+
+            keys = sorted({(r["topic"], int(r["window_start_ms"])) for r in increments})
+            absolute = read_window_counts(self.spark, self.config, keys)
+            by_key = {(r["topic"], r["window_start_ms"]): r for r in absolute}
+            metric_rows = [
+                {**r, "count": by_key[(r["topic"], int(r["window_start_ms"]))][r["status"]]} for r in increments
+            ]
+            report.changed_windows = len(keys)
+            lap("read_back")
+            produce_counts(self.config, metric_rows)
+            lap("metrics_topic")
+            self.faults.maybe_crash("after_metrics", batch_id, report.input_rows)
+
+            report.influx_ok = self._push_influx(count_points(absolute), report, ingest_ms)
+            lap("influxdb")
+            self.faults.maybe_crash("before_commit", batch_id, report.input_rows)
+        finally:
+            classified.unpersist()
+            report_obj = locals().get("report")
+            if report_obj is not None:
+                report_obj.durations_ms = timings
+                self.reports[batch_id] = report_obj
+                # Keep the last few reports only: the listener consumes them.
+                for old in [b for b in self.reports if b < batch_id - 20]:
+                    del self.reports[old]
+                if self.on_report is not None:
+                    self.on_report(report_obj)
+
+    def _push_influx(self, points: list[Point], report: BatchReport, batch_started_ms: int) -> bool:
+        if not self.config.influxdb.enabled:
+            return True
+        progress = [
+            Point(
+                "kdq.stream",
+                batch_started_ms,
+                {"late_rows": int(report.late_rows.get(topic, 0)), "input_rows": int(rows)},
+                {"topic": topic},
+            )
+            for topic, rows in report.input_rows_by_topic.items()
+        ]
+        try:
+            InfluxSink(self.config).write(points + progress)
+            return True
+        except (InfluxWriteError, Exception) as exc:
+            # The stream keeps going: counts are safe in Delta, and the batch
+            # layer's catch-up pushes every row updated since this moment.
+            log.error(
+                "InfluxDB push failed for batch %d (%d points); recorded for catch-up: %s",
+                report.batch_id,
+                len(points),
+                exc,
+            )
+            self.push_state.record_failure(batch_started_ms, str(exc)[:500])
+            return False
+
+
+class ProgressRecorder(StreamingQueryListener):
+    """Writes each batch's progress and a heartbeat to ``<data_dir>/stream/`` (cheap, local, atomic)."""
+
+    def __init__(self, layer: SpeedLayer, history: int = 200) -> None:
+        self.layer = layer
+        self.dir = stream_state_dir(layer.config)
+        self.history = history
+        self.lock = threading.Lock()
+
+    def heartbeat(self, state: str, extra: dict | None = None) -> None:
+        with self.lock:
+            _atomic_write_json(
+                self.dir / "heartbeat.json",
+                {"state": state, "pid": os.getpid(), "time_ms": now_ms(), "app_id": self.layer.app_id, **(extra or {})},
+            )
+
+    def onQueryStarted(self, event) -> None:  # noqa: N802 - Spark's listener API
+        self.heartbeat("running", {"query_id": str(event.id), "run_id": str(event.runId)})
+
+    def onQueryIdle(self, event) -> None:  # noqa: N802
+        self.heartbeat("running", {"idle": True})
+
+    def onQueryTerminated(self, event) -> None:  # noqa: N802
+        self.heartbeat("stopped", {"exception": event.exception})
+
+    def onQueryProgress(self, event) -> None:  # noqa: N802
+        progress = event.progress
+        record = {
+            "batch_id": progress.batchId,
+            "timestamp": progress.timestamp,
+            "input_rows": progress.numInputRows,
+            "input_rows_per_second": progress.inputRowsPerSecond,
+            "processed_rows_per_second": progress.processedRowsPerSecond,
+            "duration_ms": dict(progress.durationMs or {}),
+        }
+        lag: dict[str, int] = {}
+        offsets: dict = {}
+        for source in progress.sources:
+            end = json.loads(source.endOffset) if source.endOffset else {}
+            latest = json.loads(source.latestOffset) if source.latestOffset else {}
+            offsets = end
+            for topic, partitions in latest.items():
+                lag[topic] = sum(
+                    max(0, int(latest_off) - int(end.get(topic, {}).get(p, latest_off)))
+                    for p, latest_off in partitions.items()
+                )
+        record["end_offsets"] = offsets
+        record["consumer_lag"] = lag
+        report = self.layer.reports.get(progress.batchId)
+        if report is not None:
+            now = now_ms()
+            record.update(
+                late_rows=report.late_rows,
+                event_time_lag_ms={t: now - ms for t, ms in report.max_event_ms.items()},
+                changed_windows=report.changed_windows,
+                influx_ok=report.influx_ok,
+                replayed=report.replayed,
+                writer_ms=report.durations_ms,
+            )
+        with self.lock:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.dir / "progress.jsonl", "a") as out:
+                out.write(json.dumps(record, default=str) + "\n")
+            _atomic_write_json(self.dir / "progress.json", record)
+        self.heartbeat("running", {"last_batch_id": progress.batchId})
+        self._trim()
+
+    def _trim(self) -> None:
+        path = self.dir / "progress.jsonl"
+        if path.stat().st_size > 4 * 1024 * 1024:
+            lines = path.read_text().splitlines()[-self.history :]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("\n".join(lines) + "\n")
+            os.replace(tmp, path)

@@ -1,0 +1,261 @@
+"""Pure DataFrame → DataFrame transforms shared by the speed and the batch layer.
+
+parse → validate → event time → window → (late?) → count. Both layers call
+these same functions, so a window recomputed by the batch layer from the raw
+archive equals what the stream would have counted, by construction.
+
+Everything here is a native Spark expression (no Python UDF) except rules
+the compiler cannot translate, which fall back to a pandas UDF for their
+topics only (see :mod:`kdq.spark.rule_compiler`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from kdq.config import StreamConfig
+from kdq.rules import RuleSet, TopicRule
+from kdq.spark.rule_compiler import parse_value, value_reason
+
+VALID = "valid"
+INVALID = "invalid"
+BAD_TIMESTAMP = "bad_timestamp"
+FUTURE_TIMESTAMP = "future_timestamp"
+
+# Columns of the classified frame (and of the raw archive, minus the write-time ones).
+CLASSIFIED_COLUMNS = (
+    "topic",
+    "partition",
+    "offset",
+    "kafka_timestamp",
+    "event_time",
+    "window_start",
+    "key",
+    "value",
+    "ingest_time",
+    "valid",
+    "reason",
+    "rules_version",
+    "event_hour",
+)
+
+
+def rule_condition(topic: Column, rule: TopicRule) -> Column:
+    if rule.is_pattern:
+        return topic.rlike(f"^(?:{rule.match})$")
+    return topic == F.lit(rule.match)
+
+
+def _by_topic(topic: Column, cases: list[tuple[TopicRule, Column]], default: Column) -> Column:
+    """CASE WHEN <topic matches rule 1> THEN ... in precedence order; evaluated per row, so
+    topics created while the stream runs pick up pattern rules without a restart."""
+    if not cases:
+        return default
+    expr = None
+    for rule, value in cases:
+        cond = rule_condition(topic, rule)
+        expr = F.when(cond, value) if expr is None else expr.when(cond, value)
+    return expr.otherwise(default)
+
+
+def _event_time_from_field(parsed: Column, rule: TopicRule) -> Column:
+    """The configured JSON field as a timestamp, or null when it cannot be read.
+
+    epoch_millis: a JSON number (or a string of digits); iso8601: a string
+    such as 2023-11-14T22:13:20.123Z; auto: numbers as epoch millis, strings
+    as ISO-8601 (digit-only strings as epoch millis).
+    """
+    path = rule.event_time_path
+    as_number = F.expr(f"try_variant_get(__parsed, '{path}', 'bigint')")
+    as_string = F.expr(f"try_variant_get(__parsed, '{path}', 'string')")
+    # Numbers: reject doubles silently truncated to bigint by requiring an integral JSON number.
+    is_number = F.expr(f"schema_of_variant(variant_get(__parsed, '{path}')) = 'BIGINT'")
+    millis = F.when(is_number, as_number)
+    digits = F.when(as_string.rlike(r"^-?[0-9]{1,15}$"), as_string.cast("bigint"))
+    iso = F.when(~is_number & as_string.contains("-"), F.expr(f"try_to_timestamp(try_variant_get(__parsed, '{path}', 'string'))"))
+    fmt = rule.event_time_format
+    if fmt == "epoch_millis":
+        result = F.timestamp_millis(F.coalesce(millis, F.when(~is_number, digits)))
+    elif fmt == "iso8601":
+        result = iso
+    else:
+        result = F.coalesce(F.timestamp_millis(millis), F.timestamp_millis(F.when(~is_number, digits)), iso)
+    return result.alias("event_time_field")
+
+
+def classify(
+    records: DataFrame,
+    rules: RuleSet,
+    stream: StreamConfig,
+    ingest_time: int | Column,
+) -> DataFrame:
+    """Kafka records (key, value, topic, partition, offset, timestamp) → one classified row per record.
+
+    ``ingest_time`` is epoch millis fixed per micro-batch (recorded in the
+    batch ledger, so a replayed batch is classified identically) or, for the
+    batch layer, the archived timestamp column.
+    """
+    ingest = ingest_time if isinstance(ingest_time, Column) else F.timestamp_millis(F.lit(int(ingest_time)))
+    size_ms = stream.window_seconds * 1000
+    df = records.select(
+        F.col("topic"),
+        F.col("partition"),
+        F.col("offset"),
+        F.col("timestamp").alias("kafka_timestamp"),
+        F.col("key"),
+        F.col("value"),
+        ingest.alias("ingest_time"),
+    ).withColumn("__parsed", parse_value(F.col("value")))
+
+    topic = F.col("topic")
+    field_rules = [r for r in rules.rules if r.event_time_field]
+    field_time = _by_topic(
+        topic, [(r, _event_time_from_field(F.col("__parsed"), r)) for r in field_rules], F.lit(None).cast("timestamp")
+    )
+    has_field_rule = _by_topic(topic, [(r, F.lit(True)) for r in field_rules], F.lit(False))
+    df = df.withColumn("__field_time", field_time).withColumn(
+        "__bad_ts", has_field_rule & F.col("__field_time").isNull() | F.col("kafka_timestamp").isNull()
+    )
+    event_time = F.when(F.col("__bad_ts"), F.col("kafka_timestamp")).otherwise(
+        F.coalesce(F.col("__field_time"), F.col("kafka_timestamp"))
+    )
+    df = df.withColumn("event_time", event_time)
+    future = F.col("event_time") > F.col("ingest_time") + F.expr(f"INTERVAL {stream.future_margin_seconds} SECONDS")
+
+    value_problem = value_reason(topic, F.col("value"), F.col("__parsed"), rules, stream.max_value_bytes)
+    # Priority: what is wrong with the bytes first (too_large, not_utf8, not_json, ...),
+    # then the clock, then the schema. A record with a broken timestamp still has its
+    # schema checked? No: one reason per record keeps counts additive; the timestamp
+    # decides the window, so it outranks the schema.
+    reason = (
+        F.when(value_problem.isNotNull() & ~value_problem.startswith("schema:"), value_problem)
+        .when(F.col("__bad_ts"), F.lit(BAD_TIMESTAMP))
+        .when(future, F.lit(FUTURE_TIMESTAMP))
+        .otherwise(value_problem)
+    )
+    df = df.withColumn("reason", reason)
+    # A record from a clock far in the future counts in the window of its ingest
+    # time: counting it in its own (future) window would publish numbers for a
+    # second that has not happened yet.
+    counted_time = F.when(F.col("reason") == FUTURE_TIMESTAMP, F.col("ingest_time")).otherwise(F.col("event_time"))
+    window_ms = F.floor(F.unix_millis(counted_time) / size_ms) * size_ms
+    versions = _by_topic(topic, [(r, F.lit(r.version)) for r in rules.rules], F.lit(rules.version_for("")))
+    return (
+        df.withColumn("window_start", F.timestamp_millis(window_ms.cast("bigint")))
+        .withColumn("valid", F.col("reason").isNull())
+        .withColumn("rules_version", versions)
+        .withColumn("event_hour", F.date_format(F.col("window_start"), "yyyy-MM-dd-HH"))
+        .select(*CLASSIFIED_COLUMNS)
+    )
+
+
+def mark_late(
+    classified: DataFrame,
+    max_event_ms_before: Mapping[str, int],
+    stream: StreamConfig,
+) -> DataFrame:
+    """Add ``counted``: false for records whose window closed for the speed layer.
+
+    Lateness is judged per topic against the maximum event time seen on that
+    topic *before* this batch, so one producer's clock never makes another
+    topic's records late, and a replayed batch (same ledger entry) decides
+    exactly the same.
+    """
+    if not max_event_ms_before:
+        return classified.withColumn("counted", F.lit(True))
+    watermarks = F.create_map(
+        *[item for topic, ms in sorted(max_event_ms_before.items()) for item in (F.lit(topic), F.timestamp_millis(F.lit(int(ms))))]
+    )
+    limit = F.element_at(watermarks, F.col("topic")) - F.expr(f"INTERVAL {stream.allowed_lateness_seconds} SECONDS")
+    window_end = F.col("window_start") + F.expr(f"INTERVAL {stream.window_seconds} SECONDS")
+    late = F.coalesce(window_end <= limit, F.lit(False))
+    return classified.withColumn("counted", ~late)
+
+
+def topic_batch_stats(classified: DataFrame) -> DataFrame:
+    """Per topic: input rows, rows too late for the stream, and the largest trustworthy event time
+    (future-stamped and unreadable event times never advance a topic's watermark)."""
+    trusted = F.col("reason").isNull() | ~F.col("reason").isin(BAD_TIMESTAMP, FUTURE_TIMESTAMP)
+    return classified.groupBy("topic").agg(
+        F.count("*").alias("input_rows"),
+        F.count(F.when(~F.col("counted"), 1)).alias("late_rows"),
+        F.unix_millis(F.max(F.when(trusted, F.col("event_time")))).alias("max_event_ms"),
+    )
+
+
+def count_windows(classified: DataFrame, stream: StreamConfig) -> DataFrame:
+    """(topic, window_start, window_end, status, count, rules_version) over the rows to count."""
+    rows = classified.where(F.col("counted")) if "counted" in classified.columns else classified
+    return (
+        rows.groupBy("topic", "window_start")
+        .agg(
+            F.count(F.when(F.col("valid"), 1)).alias(VALID),
+            F.count(F.when(~F.col("valid"), 1)).alias(INVALID),
+            F.max("rules_version").alias("rules_version"),
+        )
+        .select(
+            "topic",
+            "window_start",
+            (F.col("window_start") + F.expr(f"INTERVAL {stream.window_seconds} SECONDS")).alias("window_end"),
+            F.explode(
+                F.array(
+                    F.struct(F.lit(VALID).alias("status"), F.col(VALID).alias("count")),
+                    F.struct(F.lit(INVALID).alias("status"), F.col(INVALID).alias("count")),
+                )
+            ).alias("s"),
+            "rules_version",
+        )
+        # Zero counts are not stored: a window has a row per status it has seen.
+        .where(F.col("s.count") > 0)
+        .select("topic", "window_start", "window_end", "s.status", "s.count", "rules_version")
+    )
+
+
+def count_reasons(classified: DataFrame, stream: StreamConfig) -> DataFrame:
+    """Invalid records per (topic, coarse window, reason)."""
+    coarse_ms = stream.reasons_window_seconds * 1000
+    rows = classified.where(~F.col("valid"))
+    if "counted" in classified.columns:
+        rows = rows.where(F.col("counted"))
+    return (
+        rows.withColumn(
+            "window_start", F.timestamp_millis((F.floor(F.unix_millis("window_start") / coarse_ms) * coarse_ms).cast("bigint"))
+        )
+        .groupBy("topic", "window_start", "reason")
+        .agg(F.count("*").alias("count"))
+    )
+
+
+def quarantine_sample(classified: DataFrame, stream: StreamConfig, per_window: int) -> DataFrame:
+    """At most ``per_window`` invalid records per (topic, coarse window, reason), with a readable preview."""
+    from pyspark.sql.window import Window
+
+    coarse_ms = stream.reasons_window_seconds * 1000
+    coarse = F.timestamp_millis((F.floor(F.unix_millis("window_start") / coarse_ms) * coarse_ms).cast("bigint"))
+    ranked = (
+        classified.where(~F.col("valid"))
+        .withColumn("window_start", coarse)
+        .withColumn(
+            "__rank",
+            F.row_number().over(Window.partitionBy("topic", "window_start", "reason").orderBy("partition", "offset")),
+        )
+        .where(F.col("__rank") <= per_window)
+    )
+    return ranked.select(
+        "topic",
+        "partition",
+        "offset",
+        "window_start",
+        "reason",
+        F.substring(F.expr("CAST(value AS STRING)"), 1, 512).alias("value_preview"),
+        F.coalesce(F.length("value"), F.lit(0)).cast("bigint").alias("value_bytes"),
+        "ingest_time",
+    )
+
+
+def union_all(frames: list[DataFrame]) -> DataFrame:
+    return reduce(DataFrame.unionByName, frames)
