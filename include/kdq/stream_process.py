@@ -44,4 +44,4 @@ def start_stream(config: Config, job_args: list[str] | None = None, extra_env: d
 
 def stop_stream(config: Config, timeout: float = 150.0) -> bool:
     """SIGTERM: the job finishes its current micro-batch, then exits; SIGKILL after ``timeout``."""
-    return stream_process(config).stop(timeout=timeout)
+    return stream_process(config).stop(timeout=timeout, graceful_child="stream_counts.py")

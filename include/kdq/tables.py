@@ -84,10 +84,23 @@ INVALID_REASONS = TableSpec(
         ("window_start", "TIMESTAMP"),
         ("reason", "STRING"),
         ("count", "BIGINT"),
+        ("batch_id", "BIGINT"),
         ("updated_at", "TIMESTAMP"),
     ),
     properties=_AUTO_COMPACT,
-    comment="Invalid messages per (topic, coarse window, reason).",
+    # Appended increments (one row per batch, topic, coarse window and reason),
+    # summed by the invalid_reason_counts view: an append costs a fraction of a
+    # MERGE, and this table is a diagnostic breakdown, not the counted truth.
+    comment="Invalid-message increments per (topic, coarse window, reason); query the invalid_reason_counts view.",
+)
+
+# Views registered in every session next to the tables.
+VIEWS: tuple[tuple[str, str], ...] = (
+    (
+        "invalid_reason_counts",
+        "SELECT topic, window_start, reason, SUM(count) AS count, MAX(updated_at) AS updated_at "
+        "FROM {db}.invalid_reasons GROUP BY topic, window_start, reason",
+    ),
 )
 
 QUARANTINE = TableSpec(
@@ -125,31 +138,10 @@ CORRECTIONS = TableSpec(
     comment="Every change the batch layer made to window_counts.",
 )
 
-BATCH_LEDGER = TableSpec(
-    name="stream_batches",
-    columns=(
-        ("app_id", "STRING"),
-        ("batch_id", "BIGINT"),
-        ("ingest_time_ms", "BIGINT"),
-        ("max_event_ms_before", "MAP<STRING, BIGINT>"),
-        ("max_event_ms_after", "MAP<STRING, BIGINT>"),
-        ("input_rows", "BIGINT"),
-        ("late_rows", "MAP<STRING, BIGINT>"),
-        ("end_offsets", "STRING"),
-        ("started_at", "TIMESTAMP"),
-    ),
-    properties=_AUTO_COMPACT,
-    comment=(
-        "One row per speed-layer micro-batch, written before any output: the batch's ingest time "
-        "and per-topic event-time watermarks, so a replayed batch is classified exactly as the first try."
-    ),
-)
-
 ALL_TABLES: tuple[TableSpec, ...] = (
     RAW_ARCHIVE,
     WINDOW_COUNTS,
     INVALID_REASONS,
     QUARANTINE,
     CORRECTIONS,
-    BATCH_LEDGER,
 )

@@ -99,3 +99,42 @@ def expected_counts(topic: str, records: list[tuple[int, bool]]) -> dict[tuple[s
     for ts, valid in records:
         counter[(topic, ts // 1000 * 1000, "valid" if valid else "invalid")] += 1
     return dict(counter)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def write_config_file(config: Config, path: Path) -> Config:
+    """Persist a Config as TOML so a child process (spark-submit) loads exactly the same settings."""
+    from kdq.config import load_config
+
+    sections = ("paths", "kafka", "spark", "stream", "influxdb")
+    lines = []
+    for name in sections:
+        lines.append(f"[{name}]")
+        for key, value in getattr(config, name).model_dump().items():
+            if isinstance(value, dict):
+                inner = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
+                lines.append(f"{key} = {{ {inner} }}")
+            else:
+                if name == "paths":
+                    value = str(config.path(value))
+                lines.append(f"{key} = {_toml_value(value)}")
+    path.write_text("\n".join(lines) + "\n")
+    return load_config(path=path, env={})
+
+
+def wait_for(check, timeout: float, what: str, interval: float = 1.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not reached within {timeout:.0f}s (last: {last!r})")

@@ -35,23 +35,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
+from kdq.batch_summary import merge_maxima, summarize
 from kdq.config import Config
 from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
 from kdq.metrics_topic import ensure_metrics_topic, produce_counts
 from kdq.rules import RuleSet
 from kdq.spark import transforms
 from kdq.spark.tables import ensure_tables
+from kdq.spark.ledger import BatchLedger
 from kdq.spark.writers import (
     append_archive,
-    append_ledger,
     append_quarantine,
-    merge_reason_increments,
+    append_reason_increments,
     merge_window_increments,
     now_ms,
-    read_ledger,
     read_window_counts,
 )
 from kdq.windows import subscribe_pattern
@@ -169,6 +168,7 @@ class BatchReport:
     batch_id: int
     input_rows: int = 0
     input_rows_by_topic: dict[str, int] = field(default_factory=dict)
+    invalid_rows: int = 0
     late_rows: dict[str, int] = field(default_factory=dict)
     max_event_ms: dict[str, int] = field(default_factory=dict)
     changed_windows: int = 0
@@ -194,6 +194,7 @@ class SpeedLayer:
         self.faults = faults or FaultInjector()
         self.checkpoint = checkpoint or checkpoint_dir(config)
         self.app_id = app_id_for(self.checkpoint)
+        self.ledger = BatchLedger(spark, str(self.checkpoint))
         self.push_state = InfluxPushState(config)
         self.reports: dict[int, BatchReport] = {}
         self.on_report: Callable[[BatchReport], None] | None = None
@@ -242,46 +243,47 @@ class SpeedLayer:
             since[0] = now
 
         stream = self.config.stream
-        current, previous = read_ledger(self.spark, self.config, self.app_id, batch_id)
+        current = self.ledger.read(batch_id)
         replayed = current is not None
         if replayed:
             ingest_ms = int(current["ingest_time_ms"])
-            before = dict(current["max_event_ms_before"] or {})
+            before = dict(current["max_event_ms_before"])
         else:
+            previous = self.ledger.latest_before(batch_id)
             ingest_ms = now_ms()
-            before = dict(previous["max_event_ms_after"] or {}) if previous else {}
+            before = dict(previous["max_event_ms_after"]) if previous else {}
         classified = transforms.mark_late(transforms.classify(batch, self.rules, stream, ingest_ms), before, stream)
         classified = classified.persist()
-        lap("ledger_read")
+        lap("plan")
+        report: BatchReport | None = None
         try:
-            stats = transforms.topic_batch_stats(classified).collect()
+            summary = summarize(
+                [row.asDict() for row in transforms.batch_aggregates(classified).collect()],
+                stream.reasons_window_seconds,
+            )
             report = BatchReport(
                 batch_id=batch_id,
-                input_rows=sum(r["input_rows"] for r in stats),
-                input_rows_by_topic={r["topic"]: r["input_rows"] for r in stats},
-                late_rows={r["topic"]: r["late_rows"] for r in stats if r["late_rows"]},
-                max_event_ms={r["topic"]: r["max_event_ms"] for r in stats if r["max_event_ms"] is not None},
+                input_rows=summary.input_rows,
+                input_rows_by_topic=summary.input_rows_by_topic,
+                invalid_rows=summary.invalid_rows,
+                late_rows=summary.late_rows,
+                max_event_ms=summary.max_event_ms,
                 replayed=replayed,
             )
-            lap("classify")
+            lap("classify_aggregate")
             if not replayed:
-                after = dict(before)
-                for topic, ms in report.max_event_ms.items():
-                    after[topic] = max(ms, after.get(topic, ms))
-                append_ledger(
-                    self.spark,
-                    self.config,
-                    self.app_id,
+                self.ledger.write(
                     {
                         "batch_id": batch_id,
                         "ingest_time_ms": ingest_ms,
                         "max_event_ms_before": before,
-                        "max_event_ms_after": after,
+                        "max_event_ms_after": merge_maxima(before, summary.max_event_ms),
                         "input_rows": report.input_rows,
+                        "input_rows_by_topic": report.input_rows_by_topic,
                         "late_rows": report.late_rows,
-                    },
+                        "invalid_rows": report.invalid_rows,
+                    }
                 )
-                lap("ledger_write")
             self.faults.maybe_crash("after_ledger", batch_id, report.input_rows)
             if report.input_rows == 0:
                 return
@@ -290,20 +292,13 @@ class SpeedLayer:
             lap("archive")
             self.faults.maybe_crash("after_archive", batch_id, report.input_rows)
 
-            increments = [
-                {**row.asDict(), "window_start_ms": row["window_start_ms"]}
-                for row in transforms.count_windows(classified, stream)
-                .withColumn("window_start_ms", F.unix_millis("window_start"))
-                .collect()
-            ]
+            increments = summary.window_increments
             merge_window_increments(self.spark, increments, self.config, self.app_id, batch_id)
             lap("merge_counts")
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
 
-            merge_reason_increments(
-                self.spark, transforms.count_reasons(classified, stream), self.config, self.app_id, batch_id
-            )
-            if stream.quarantine_per_window:
+            append_reason_increments(self.spark, summary.reason_increments, self.config, self.app_id, batch_id)
+            if stream.quarantine_per_window and report.invalid_rows:
                 append_quarantine(
                     transforms.quarantine_sample(classified, stream, stream.quarantine_per_window),
                     self.config,
@@ -330,15 +325,14 @@ class SpeedLayer:
             self.faults.maybe_crash("before_commit", batch_id, report.input_rows)
         finally:
             classified.unpersist()
-            report_obj = locals().get("report")
-            if report_obj is not None:
-                report_obj.durations_ms = timings
-                self.reports[batch_id] = report_obj
+            if report is not None:
+                report.durations_ms = timings
+                self.reports[batch_id] = report
                 # Keep the last few reports only: the listener consumes them.
                 for old in [b for b in self.reports if b < batch_id - 20]:
                     del self.reports[old]
                 if self.on_report is not None:
-                    self.on_report(report_obj)
+                    self.on_report(report)
 
     def _push_influx(self, points: list[Point], report: BatchReport, batch_started_ms: int) -> bool:
         if not self.config.influxdb.enabled:
@@ -368,6 +362,15 @@ class SpeedLayer:
             return False
 
 
+def _offsets(text: str | None) -> dict:
+    """Kafka source offsets JSON ({topic: {partition: offset}}); anything else (null, empty) → {}."""
+    try:
+        value = json.loads(text) if text else {}
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 class ProgressRecorder(StreamingQueryListener):
     """Writes each batch's progress and a heartbeat to ``<data_dir>/stream/`` (cheap, local, atomic)."""
 
@@ -394,7 +397,12 @@ class ProgressRecorder(StreamingQueryListener):
         self.heartbeat("stopped", {"exception": event.exception})
 
     def onQueryProgress(self, event) -> None:  # noqa: N802
-        progress = event.progress
+        try:
+            self._record(event.progress)
+        except Exception:  # a broken progress record must never take the stream down
+            log.exception("could not record progress of batch %s", getattr(event.progress, "batchId", "?"))
+
+    def _record(self, progress) -> None:
         record = {
             "batch_id": progress.batchId,
             "timestamp": progress.timestamp,
@@ -406,8 +414,8 @@ class ProgressRecorder(StreamingQueryListener):
         lag: dict[str, int] = {}
         offsets: dict = {}
         for source in progress.sources:
-            end = json.loads(source.endOffset) if source.endOffset else {}
-            latest = json.loads(source.latestOffset) if source.latestOffset else {}
+            end = _offsets(source.endOffset)
+            latest = _offsets(source.latestOffset)
             offsets = end
             for topic, partitions in latest.items():
                 lag[topic] = sum(

@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kdq.config import Config
-from kdq.tables import ALL_TABLES, TableSpec
+from kdq.tables import ALL_TABLES, VIEWS, TableSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -64,3 +64,5 @@ def register_tables(spark: SparkSession, config: Config) -> None:
             f"CREATE TABLE IF NOT EXISTS {qualified_name(config, spec)} USING delta "
             f"LOCATION '{table_path(config, spec)}'"
         )
+    for name, query in VIEWS:
+        spark.sql(f"CREATE OR REPLACE VIEW {config.spark.database}.{name} AS {query.format(db=config.spark.database)}")

@@ -62,9 +62,10 @@ def _by_topic(topic: Column, cases: list[tuple[TopicRule, Column]], default: Col
     return expr.otherwise(default)
 
 
-def _event_time_from_field(parsed: Column, rule: TopicRule) -> Column:
+def _event_time_from_field(rule: TopicRule) -> Column:
     """The configured JSON field as a timestamp, or null when it cannot be read.
 
+    Reads the ``__parsed`` VARIANT column of :func:`classify` by name.
     epoch_millis: a JSON number (or a string of digits); iso8601: a string
     such as 2023-11-14T22:13:20.123Z; auto: numbers as epoch millis, strings
     as ISO-8601 (digit-only strings as epoch millis).
@@ -101,55 +102,69 @@ def classify(
     """
     ingest = ingest_time if isinstance(ingest_time, Column) else F.timestamp_millis(F.lit(int(ingest_time)))
     size_ms = stream.window_seconds * 1000
-    df = records.select(
-        F.col("topic"),
+    topic = F.col("topic")
+    # Few wide projections rather than a withColumn chain: every projection
+    # re-analyses the (large) compiled rule expressions, and that analysis,
+    # not the data, dominated small micro-batches.
+    parsed = records.select(
+        topic,
         F.col("partition"),
         F.col("offset"),
         F.col("timestamp").alias("kafka_timestamp"),
         F.col("key"),
         F.col("value"),
         ingest.alias("ingest_time"),
-    ).withColumn("__parsed", parse_value(F.col("value")))
-
-    topic = F.col("topic")
+        parse_value(F.col("value")).alias("__parsed"),
+    )
     field_rules = [r for r in rules.rules if r.event_time_field]
     field_time = _by_topic(
-        topic, [(r, _event_time_from_field(F.col("__parsed"), r)) for r in field_rules], F.lit(None).cast("timestamp")
+        topic, [(r, _event_time_from_field(r)) for r in field_rules], F.lit(None).cast("timestamp")
     )
     has_field_rule = _by_topic(topic, [(r, F.lit(True)) for r in field_rules], F.lit(False))
-    df = df.withColumn("__field_time", field_time).withColumn(
-        "__bad_ts", has_field_rule & F.col("__field_time").isNull() | F.col("kafka_timestamp").isNull()
+    checked = parsed.select(
+        "*",
+        field_time.alias("__field_time"),
+        has_field_rule.alias("__has_field_rule"),
+        value_reason(topic, F.col("value"), F.col("__parsed"), rules, stream.max_value_bytes).alias("__value_problem"),
     )
-    event_time = F.when(F.col("__bad_ts"), F.col("kafka_timestamp")).otherwise(
-        F.coalesce(F.col("__field_time"), F.col("kafka_timestamp"))
-    )
-    df = df.withColumn("event_time", event_time)
-    future = F.col("event_time") > F.col("ingest_time") + F.expr(f"INTERVAL {stream.future_margin_seconds} SECONDS")
-
-    value_problem = value_reason(topic, F.col("value"), F.col("__parsed"), rules, stream.max_value_bytes)
-    # Priority: what is wrong with the bytes first (too_large, not_utf8, not_json, ...),
-    # then the clock, then the schema. A record with a broken timestamp still has its
-    # schema checked? No: one reason per record keeps counts additive; the timestamp
-    # decides the window, so it outranks the schema.
+    bad_ts = (F.col("__has_field_rule") & F.col("__field_time").isNull()) | F.col("kafka_timestamp").isNull()
+    event_time = F.when(bad_ts, F.col("kafka_timestamp")).otherwise(F.coalesce(F.col("__field_time"), F.col("kafka_timestamp")))
+    future = event_time > F.col("ingest_time") + F.expr(f"INTERVAL {stream.future_margin_seconds} SECONDS")
+    problem = F.col("__value_problem")
+    # One reason per record, so reason counts add up to the invalid count.
+    # Priority: what is wrong with the bytes (too_large, not_utf8, not_json, ...)
+    # first; then the clock, because it decides the window; then the schema.
     reason = (
-        F.when(value_problem.isNotNull() & ~value_problem.startswith("schema:"), value_problem)
-        .when(F.col("__bad_ts"), F.lit(BAD_TIMESTAMP))
+        F.when(problem.isNotNull() & ~problem.startswith("schema:"), problem)
+        .when(bad_ts, F.lit(BAD_TIMESTAMP))
         .when(future, F.lit(FUTURE_TIMESTAMP))
-        .otherwise(value_problem)
+        .otherwise(problem)
     )
-    df = df.withColumn("reason", reason)
+    timed = checked.select(
+        *[c for c in ("topic", "partition", "offset", "kafka_timestamp", "key", "value", "ingest_time")],
+        event_time.alias("event_time"),
+        reason.alias("reason"),
+    )
     # A record from a clock far in the future counts in the window of its ingest
     # time: counting it in its own (future) window would publish numbers for a
     # second that has not happened yet.
     counted_time = F.when(F.col("reason") == FUTURE_TIMESTAMP, F.col("ingest_time")).otherwise(F.col("event_time"))
-    window_ms = F.floor(F.unix_millis(counted_time) / size_ms) * size_ms
+    window_start = F.timestamp_millis((F.floor(F.unix_millis(counted_time) / size_ms) * size_ms).cast("bigint"))
     versions = _by_topic(topic, [(r, F.lit(r.version)) for r in rules.rules], F.lit(rules.version_for("")))
-    return (
-        df.withColumn("window_start", F.timestamp_millis(window_ms.cast("bigint")))
-        .withColumn("valid", F.col("reason").isNull())
-        .withColumn("rules_version", versions)
-        .withColumn("event_hour", F.date_format(F.col("window_start"), "yyyy-MM-dd-HH"))
-        .select(*CLASSIFIED_COLUMNS)
+    return timed.select(
+        "topic",
+        "partition",
+        "offset",
+        "kafka_timestamp",
+        "event_time",
+        window_start.alias("window_start"),
+        "key",
+        "value",
+        "ingest_time",
+        F.col("reason").isNull().alias("valid"),
+        "reason",
+        versions.alias("rules_version"),
+        F.date_format(window_start, "yyyy-MM-dd-HH").alias("event_hour"),
     )
 
 
@@ -176,14 +191,25 @@ def mark_late(
     return classified.withColumn("counted", ~late)
 
 
-def topic_batch_stats(classified: DataFrame) -> DataFrame:
-    """Per topic: input rows, rows too late for the stream, and the largest trustworthy event time
-    (future-stamped and unreadable event times never advance a topic's watermark)."""
+def batch_aggregates(classified: DataFrame) -> DataFrame:
+    """Everything a micro-batch needs to know, in one aggregation (one Spark job):
+    rows per (topic, window_start, valid, reason, counted), with the largest
+    trustworthy event time. :mod:`kdq.batch_summary` turns the (small) result
+    into window increments, reason increments and per-topic statistics."""
     trusted = F.col("reason").isNull() | ~F.col("reason").isin(BAD_TIMESTAMP, FUTURE_TIMESTAMP)
-    return classified.groupBy("topic").agg(
-        F.count("*").alias("input_rows"),
-        F.count(F.when(~F.col("counted"), 1)).alias("late_rows"),
+    return classified.groupBy("topic", "window_start", "valid", "reason", "counted").agg(
+        F.count("*").alias("count"),
         F.unix_millis(F.max(F.when(trusted, F.col("event_time")))).alias("max_event_ms"),
+        F.max("rules_version").alias("rules_version"),
+    ).select(
+        "topic",
+        F.unix_millis("window_start").alias("window_start_ms"),
+        "valid",
+        "reason",
+        "counted",
+        "count",
+        "max_event_ms",
+        "rules_version",
     )
 
 
@@ -215,29 +241,18 @@ def count_windows(classified: DataFrame, stream: StreamConfig) -> DataFrame:
     )
 
 
-def count_reasons(classified: DataFrame, stream: StreamConfig) -> DataFrame:
-    """Invalid records per (topic, coarse window, reason)."""
-    coarse_ms = stream.reasons_window_seconds * 1000
-    rows = classified.where(~F.col("valid"))
-    if "counted" in classified.columns:
-        rows = rows.where(F.col("counted"))
-    return (
-        rows.withColumn(
-            "window_start", F.timestamp_millis((F.floor(F.unix_millis("window_start") / coarse_ms) * coarse_ms).cast("bigint"))
-        )
-        .groupBy("topic", "window_start", "reason")
-        .agg(F.count("*").alias("count"))
-    )
-
-
 def quarantine_sample(classified: DataFrame, stream: StreamConfig, per_window: int) -> DataFrame:
     """At most ``per_window`` invalid records per (topic, coarse window, reason), with a readable preview."""
     from pyspark.sql.window import Window
 
     coarse_ms = stream.reasons_window_seconds * 1000
     coarse = F.timestamp_millis((F.floor(F.unix_millis("window_start") / coarse_ms) * coarse_ms).cast("bigint"))
+    # A sample, not a copy (the archive has every record): looking at no more
+    # than 50 groups' worth of rows per batch keeps the ranking below cheap
+    # even when a whole batch is invalid.
     ranked = (
         classified.where(~F.col("valid"))
+        .limit(per_window * 50)
         .withColumn("window_start", coarse)
         .withColumn(
             "__rank",

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 
 from kdq.config import Config
 from kdq.spark.tables import table_path
-from kdq.tables import BATCH_LEDGER, INVALID_REASONS, QUARANTINE, RAW_ARCHIVE, WINDOW_COUNTS, TableSpec
+from kdq.tables import INVALID_REASONS, QUARANTINE, RAW_ARCHIVE, WINDOW_COUNTS, TableSpec
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -129,40 +129,52 @@ def read_window_counts(spark: SparkSession, config: Config, keys: Sequence[tuple
         return []
     lo = min(ms for _, ms in keys)
     hi = max(ms for _, ms in keys)
-    wanted = spark.createDataFrame(list(set(keys)), "topic STRING, window_start_ms BIGINT")
-    table = spark.read.format("delta").load(table_path(config, WINDOW_COUNTS)).where(
-        f"window_date BETWEEN {_date_literal(lo)} AND {_date_literal(hi)} "
-        f"AND window_start BETWEEN {_ts_literal(lo)} AND {_ts_literal(hi)}"
-    )
-    counts = (
-        table.select("topic", F.unix_millis("window_start").alias("window_start_ms"), "status", "count")
-        .groupBy("topic", "window_start_ms")
-        .agg(
-            F.sum(F.when(F.col("status") == "valid", F.col("count")).otherwise(0)).alias("valid"),
-            F.sum(F.when(F.col("status") == "invalid", F.col("count")).otherwise(0)).alias("invalid"),
+    topics = sorted({topic for topic, _ in keys})
+    table = (
+        spark.read.format("delta")
+        .load(table_path(config, WINDOW_COUNTS))
+        .where(
+            f"window_date BETWEEN {_date_literal(lo)} AND {_date_literal(hi)} "
+            f"AND window_start BETWEEN {_ts_literal(lo)} AND {_ts_literal(hi)}"
         )
+        .where(F.col("topic").isin(topics))
     )
-    joined = wanted.join(F.broadcast(counts), ["topic", "window_start_ms"], "left").fillna(0, ["valid", "invalid"])
-    return [row.asDict() for row in joined.collect()]
+    found: dict[tuple[str, int], dict] = {}
+    for row in table.select("topic", F.unix_millis("window_start").alias("ms"), "status", "count").collect():
+        entry = found.setdefault((row["topic"], row["ms"]), {"valid": 0, "invalid": 0})
+        entry[row["status"]] = row["count"]
+    # The range scan may return windows between the wanted ones; keep only the wanted.
+    return [
+        {"topic": topic, "window_start_ms": ms, **found.get((topic, ms), {"valid": 0, "invalid": 0})}
+        for topic, ms in sorted(set(keys))
+    ]
 
 
-def merge_reason_increments(
-    spark: SparkSession, increments: DataFrame, config: Config, app_id: str, version: int
+def append_reason_increments(
+    spark: SparkSession, rows: Sequence[Mapping], config: Config, app_id: str, batch_id: int
 ) -> None:
-    _require_columns(increments, INVALID_REASONS, ["topic", "window_start", "reason", "count"])
-    from delta.tables import DeltaTable
-
-    source = increments.withColumn("updated_at", F.current_timestamp())
-    target = DeltaTable.forPath(spark, table_path(config, INVALID_REASONS)).alias("t")
-    with idempotent_write(spark, app_id, version):
-        (
-            target.merge(
-                source.alias("s"), "t.topic = s.topic AND t.window_start = s.window_start AND t.reason = s.reason"
-            )
-            .whenMatchedUpdate(set={"count": "t.count + s.count", "updated_at": "s.updated_at"})
-            .whenNotMatchedInsertAll()
-            .execute()
+    """Append (topic, window_start_ms, reason, count) increments once per (app id, batch)."""
+    if not rows:
+        return
+    df = spark.createDataFrame(
+        [(r["topic"], int(r["window_start_ms"]), r["reason"], int(r["count"])) for r in rows],
+        "topic STRING, window_start_ms BIGINT, reason STRING, count BIGINT",
+    )
+    (
+        df.select(
+            "topic",
+            F.timestamp_millis("window_start_ms").alias("window_start"),
+            "reason",
+            "count",
+            F.lit(batch_id).cast("bigint").alias("batch_id"),
+            F.current_timestamp().alias("updated_at"),
         )
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", batch_id)
+        .save(table_path(config, INVALID_REASONS))
+    )
 
 
 def append_quarantine(sample: DataFrame, config: Config, app_id: str, version: int, batch_id: int) -> None:
@@ -175,34 +187,6 @@ def append_quarantine(sample: DataFrame, config: Config, app_id: str, version: i
         .option("txnAppId", app_id)
         .option("txnVersion", version)
         .save(table_path(config, QUARANTINE))
-    )
-
-
-def read_ledger(spark: SparkSession, config: Config, app_id: str, batch_id: int) -> tuple[dict | None, dict | None]:
-    """(this batch's ledger row if it was already written, the latest earlier row)."""
-    rows = (
-        spark.read.format("delta").load(table_path(config, BATCH_LEDGER))
-        .where((F.col("app_id") == app_id) & (F.col("batch_id") <= batch_id))
-        .orderBy(F.col("batch_id").desc())
-        .limit(2)
-        .collect()
-    )
-    current = next((r.asDict() for r in rows if r["batch_id"] == batch_id), None)
-    previous = next((r.asDict() for r in rows if r["batch_id"] < batch_id), None)
-    return current, previous
-
-
-def append_ledger(spark: SparkSession, config: Config, app_id: str, entry: Mapping) -> None:
-    row = {name: entry.get(name) for name in BATCH_LEDGER.column_names}
-    row["app_id"] = app_id
-    row["started_at"] = datetime.now(UTC).replace(tzinfo=None) if row.get("started_at") is None else row["started_at"]
-    df = spark.createDataFrame([row], ", ".join(f"`{n}` {t}" for n, t in BATCH_LEDGER.columns))
-    (
-        df.write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", int(entry["batch_id"]))
-        .save(table_path(config, BATCH_LEDGER))
     )
 
 

@@ -116,7 +116,10 @@ class LocalKafka:
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         result = subprocess.run(
-            self._command("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.properties), heap="256m"),
+            self._command(
+                # --opt=value: a cluster id may start with "-" and must not read as an option
+                "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", f"--config={self.properties}", heap="256m"
+            ),
             capture_output=True,
             text=True,
             timeout=120,

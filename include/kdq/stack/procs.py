@@ -70,17 +70,36 @@ class ManagedProcess:
             time.sleep(0.02)
         return proc.pid
 
-    def stop(self, timeout: float = 30.0) -> bool:
-        """SIGTERM the process group, SIGKILL after ``timeout``; True if something was stopped."""
+    def stop(self, timeout: float = 30.0, graceful_child: str | None = None) -> bool:
+        """SIGTERM the process group, SIGKILL after ``timeout``; True if something was stopped.
+
+        ``graceful_child``: a command-line fragment of a descendant to signal
+        first and wait for (spark-submit's Python driver: a SIGTERM to the whole
+        group would also hit the JVM, which then dies under the running batch).
+        """
         proc = self.process()
         if proc is None:
             self.pid_file.unlink(missing_ok=True)
             return False
         family = [proc, *proc.children(recursive=True)]
+        if graceful_child is not None:
+            drivers = [p for p in family[1:] if any(graceful_child in part for part in _cmdline(p))]
+            for driver in drivers:
+                driver.terminate()
+            psutil.wait_procs(drivers, timeout=timeout)
+            psutil.wait_procs([proc], timeout=15)  # the JVM exits once its driver has
+        family = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not family:
+            self.pid_file.unlink(missing_ok=True)
+            return True
         try:
             os.killpg(proc.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
-            proc.terminate()
+            for member in family:
+                try:
+                    member.terminate()
+                except psutil.NoSuchProcess:
+                    pass
         _, alive = psutil.wait_procs(family, timeout=timeout)
         for leftover in alive:
             try:
@@ -96,6 +115,13 @@ class ManagedProcess:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return "(no log yet)"
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
 
 
 def free_port() -> int:

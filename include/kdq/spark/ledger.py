@@ -1,0 +1,80 @@
+"""The speed layer's batch ledger: one small JSON file per micro-batch, inside the checkpoint.
+
+Written before any output of batch N, it fixes what a replay of N must
+reproduce: the batch's ingest time and the per-topic maximum event times that
+lateness is judged against. It lives in the checkpoint folder (like Spark's own
+offset and commit logs) and goes through Hadoop's FileSystem API, so it works on
+local disk, HDFS and object stores alike, at the cost of a few milliseconds per
+batch instead of a Delta commit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+class BatchLedger:
+    def __init__(self, spark: SparkSession, checkpoint: str, keep: int = 500) -> None:
+        jvm = spark._jvm
+        self._jvm = jvm
+        self._dir = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/kdq_ledger")
+        self._fs = self._dir.getFileSystem(spark._jsc.hadoopConfiguration())
+        self._fs.mkdirs(self._dir)
+        self._keep = keep
+        self._cache: dict[int, dict] = {}
+
+    def _path(self, batch_id: int):
+        return self._jvm.org.apache.hadoop.fs.Path(self._dir, str(batch_id))
+
+    def _batch_ids(self) -> list[int]:
+        names = [status.getPath().getName() for status in self._fs.listStatus(self._dir)]
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def read(self, batch_id: int) -> dict | None:
+        if batch_id in self._cache:
+            return self._cache[batch_id]
+        path = self._path(batch_id)
+        if not self._fs.exists(path):
+            return None
+        stream = self._fs.open(path)
+        try:
+            text = self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+        entry = json.loads(text)
+        self._cache[batch_id] = entry
+        return entry
+
+    def latest_before(self, batch_id: int) -> dict | None:
+        earlier = [b for b in self._cache if b < batch_id]
+        if earlier and max(earlier) == batch_id - 1:
+            return self._cache[batch_id - 1]
+        candidates = [b for b in self._batch_ids() if b < batch_id]
+        return self.read(candidates[-1]) if candidates else None
+
+    def write(self, entry: dict) -> None:
+        """Atomic: write a temporary file, then rename (never a half-written ledger entry)."""
+        batch_id = int(entry["batch_id"])
+        final = self._path(batch_id)
+        tmp = self._jvm.org.apache.hadoop.fs.Path(self._dir, f".{batch_id}.tmp")
+        out = self._fs.create(tmp, True)
+        try:
+            out.write(bytearray(json.dumps(entry, sort_keys=True).encode()))
+        finally:
+            out.close()
+        if not self._fs.rename(tmp, final):
+            self._fs.delete(tmp, False)
+            if not self._fs.exists(final):
+                raise OSError(f"could not write ledger entry {final}")
+        self._cache = {b: e for b, e in self._cache.items() if b >= batch_id - 2}
+        self._cache[batch_id] = entry
+        if batch_id % 100 == 0:
+            for old in self._batch_ids()[: -self._keep]:
+                self._fs.delete(self._path(old), False)
+
+    def entries(self) -> list[dict]:
+        return [e for e in (self.read(b) for b in self._batch_ids()) if e is not None]

@@ -1,0 +1,130 @@
+"""Exactly once under crashes, restarts with other parallelism, topics created while running.
+
+The stream runs as its own process through spark-submit (the way it runs in
+production); the fault-injection switch kills it with os._exit at each
+dangerous point of a micro-batch. Ground truth comes from what the test produced.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import psutil
+import pytest
+from pyspark.sql import functions as F
+
+from kdq.stream_process import start_stream, stop_stream, stream_process
+from tests.integration.helpers import (
+    W0,
+    expected_counts,
+    influx_points,
+    isolated_config,
+    latest_metrics,
+    produce,
+    wait_for,
+    window_counts,
+    write_config_file,
+)
+
+GOOD = json.dumps({"ok": True}).encode()
+
+
+def _wave(topic_seed: int, n: int, start_ms: int) -> list[tuple[int, bytes, int, bool]]:
+    """n records over 3 partitions, every 7th invalid, event times spread over ~3 s, out of order."""
+    records = []
+    for i in range(n):
+        valid = i % 7 != 3
+        ts = start_ms + ((i * 389 + topic_seed) % 3000)
+        records.append((i % 3, GOOD if valid else b"\xff not json", ts, valid))
+    return records
+
+
+def _wait_exit(pid: int, timeout: float) -> int | None:
+    try:
+        proc = psutil.Process(pid)
+        return proc.wait(timeout=timeout)
+    except psutil.NoSuchProcess:
+        return None
+
+
+@pytest.fixture
+def stream_config(local_stack, tmp_path):
+    prefix = f"fx{tmp_path.name[-6:].replace('_', '')}"
+    config = isolated_config(
+        local_stack,
+        tmp_path / "data",
+        prefix,
+        # Small batches, so a wave spans several micro-batches and crashes land mid-stream.
+        kafka={"max_offsets_per_trigger": 60},
+        stream={"allowed_lateness_seconds": 3600, "trigger_interval_seconds": 0.5},
+    )
+    config = write_config_file(config, tmp_path / "kdq.toml")
+    try:
+        yield prefix, config
+    finally:
+        stop_stream(config, timeout=30)
+
+
+def test_exactly_once_through_crashes_and_parallelism_changes(spark, local_stack, stream_config, tmp_path) -> None:
+    prefix, config = stream_config
+    topic = f"{prefix}-crash"
+    local_stack.kafka.create_topic(topic, partitions=3)
+    truth: list[tuple[int, bool]] = []
+    points = ["after_ledger", "after_archive", "after_merge", "after_metrics", "before_commit"]
+    for n, point in enumerate(points):
+        wave = _wave(n, 150, W0 + n * 3000)
+        produce(config.kafka_bootstrap(), topic, [(p, v, ts) for p, v, ts, _ in wave])
+        truth += [(ts, ok) for _, _, ts, ok in wave]
+        marker = tmp_path / f"fault-{point}"
+        env = {"KDQ_FAULT_POINT": point, "KDQ_FAULT_BATCH": "1", "KDQ_FAULT_MARKER": str(marker)}
+        pid = start_stream(config, extra_env=env)
+        code = _wait_exit(pid, timeout=240)
+        assert marker.exists(), f"the fault at {point} did not fire; log:\n{stream_process(config).log_tail(40)}"
+        assert code == 137, f"expected the injected crash (137) at {point}, got {code}"
+        # Restart with another parallelism each time (local[1] <-> local[2]).
+        master = "local[1]" if n % 2 == 0 else "local[2]"
+        start_stream(config, extra_env={**env, "KDQ_SPARK__MASTER": master})
+        expected = expected_counts(topic, truth)
+        wait_for(
+            lambda: window_counts(spark, config, topic) == expected, 240, f"counts exact after crash at {point}", interval=4
+        )
+        assert stop_stream(config, timeout=120)
+
+    archive = spark.read.format("delta").load(str(config.tables_dir / "raw_archive")).where(F.col("topic") == topic)
+    assert archive.count() == len(truth)
+    assert archive.select("partition", "offset").distinct().count() == len(truth)
+    expected = expected_counts(topic, truth)
+    metrics = latest_metrics(config)
+    assert {k: v for k, v in metrics.items() if k[0] == topic} == expected
+    influx = influx_points(config, topic)
+    for (t, window, status), count in expected.items():
+        assert influx[window][0 if status == "valid" else 1] == count
+
+
+def test_new_topic_is_picked_up_and_sigterm_stops_gracefully(spark, local_stack, stream_config) -> None:
+    prefix, config = stream_config
+    first = f"{prefix}-first"
+    local_stack.kafka.create_topic(first, partitions=2)
+    produce(config.kafka_bootstrap(), first, [(0, GOOD, W0), (1, GOOD, W0 + 1)])
+    pid = start_stream(config)
+    wait_for(lambda: window_counts(spark, config, first) == {(first, W0, "valid"): 2}, 180, "first topic counted")
+
+    later = f"{prefix}-created-later"
+    local_stack.kafka.create_topic(later, partitions=3)
+    produce(config.kafka_bootstrap(), later, [(p, GOOD, W0 + 5000 + p) for p in range(3)] + [(0, b"x", W0 + 5001)])
+    wait_for(
+        lambda: window_counts(spark, config, later) == {(later, W0 + 5000, "valid"): 3, (later, W0 + 5000, "invalid"): 1},
+        120,
+        "topic created while running is counted",
+    )
+    status = subprocess.run(
+        [".venv/bin/kdq", "status"], capture_output=True, text=True, env={"KDQ_CONFIG": config.source}, timeout=60
+    )
+    assert "stream" in status.stdout and "heartbeat" in status.stdout, status.stdout + status.stderr
+
+    assert stop_stream(config, timeout=120)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    heartbeat = json.loads((config.data_dir / "stream" / "heartbeat.json").read_text())
+    assert heartbeat["state"] == "stopped"
+    assert "stopping after the current micro-batch" in stream_process(config).log_tail(400)
