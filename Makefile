@@ -14,6 +14,8 @@ setup:
 ## run: start the product locally on the embedded default
 run: setup
 	@$(KDQ) up
+	@$(KDQ) stream --detach
+	@echo "Next: .venv/bin/kdq status   |   .venv/bin/kdq sql \"SELECT * FROM kdq.window_counts LIMIT 20\"   |   make stop"
 
 ## stop: stop everything `make run` started
 stop:

@@ -39,21 +39,28 @@ def ensure_metrics_topic(config: Config, partitions: int = 3) -> None:
             raise
 
 
-def produce_counts(config: Config, rows: Iterable[Mapping], timeout: float = 60.0) -> int:
-    """Send (topic, window_start_ms, status, count) rows; raises if any is not acknowledged in time."""
-    from confluent_kafka import KafkaException, Producer
+def metrics_producer(config: Config):
+    """An idempotent producer for the metrics topic; create once per process and reuse."""
+    from confluent_kafka import Producer
 
-    producer = Producer(
+    return Producer(
         {
             **config.kafka_client_conf(),
             # Idempotent: broker-side dedup of retries, and per-partition order,
             # so a later count for a window never lands before an earlier one.
             "enable.idempotence": True,
             "acks": "all",
-            "linger.ms": 20,
+            "linger.ms": 5,
             "compression.type": "lz4",
         }
     )
+
+
+def produce_counts(config: Config, rows: Iterable[Mapping], timeout: float = 60.0, producer=None) -> int:
+    """Send (topic, window_start_ms, status, count) rows; raises if any is not acknowledged in time."""
+    from confluent_kafka import KafkaException
+
+    producer = producer or metrics_producer(config)
     errors: list[str] = []
 
     def on_delivery(err, msg) -> None:

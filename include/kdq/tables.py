@@ -27,9 +27,9 @@ class TableSpec:
         return tuple(name for name, _ in self.columns)
 
 
-# Small tables written once per micro-batch accumulate small files; Delta's
-# auto compaction folds them so readers do not slow down over a day.
-_AUTO_COMPACT = (("delta.autoOptimize.autoCompact", "true"),)
+# Tables written once per micro-batch accumulate small files. They are
+# compacted by the maintenance job (closed partitions only), not by Delta's
+# auto compaction, which would run inside the stream's batches and race its MERGEs.
 
 RAW_ARCHIVE = TableSpec(
     name="raw_archive",
@@ -73,7 +73,6 @@ WINDOW_COUNTS = TableSpec(
         ("window_date", "DATE"),
     ),
     partitioned_by=("window_date",),
-    properties=_AUTO_COMPACT,
     comment="Absolute valid/invalid counts per (topic, window_start, status).",
 )
 
@@ -87,7 +86,6 @@ INVALID_REASONS = TableSpec(
         ("batch_id", "BIGINT"),
         ("updated_at", "TIMESTAMP"),
     ),
-    properties=_AUTO_COMPACT,
     # Appended increments (one row per batch, topic, coarse window and reason),
     # summed by the invalid_reason_counts view: an append costs a fraction of a
     # MERGE, and this table is a diagnostic breakdown, not the counted truth.
@@ -116,7 +114,6 @@ QUARANTINE = TableSpec(
         ("ingest_time", "TIMESTAMP"),
         ("batch_id", "BIGINT"),
     ),
-    properties=_AUTO_COMPACT,
     comment="A bounded sample of invalid messages per topic and coarse window, with reasons.",
 )
 
@@ -134,7 +131,6 @@ CORRECTIONS = TableSpec(
         ("reason", "STRING"),
         ("corrected_at", "TIMESTAMP"),
     ),
-    properties=_AUTO_COMPACT,
     comment="Every change the batch layer made to window_counts.",
 )
 

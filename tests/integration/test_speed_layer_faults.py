@@ -56,7 +56,7 @@ def stream_config(local_stack, tmp_path):
         tmp_path / "data",
         prefix,
         # Small batches, so a wave spans several micro-batches and crashes land mid-stream.
-        kafka={"max_offsets_per_trigger": 60},
+        kafka={"max_offsets_per_trigger": 50},
         stream={"allowed_lateness_seconds": 3600, "trigger_interval_seconds": 0.5},
     )
     config = write_config_file(config, tmp_path / "kdq.toml")
@@ -73,7 +73,7 @@ def test_exactly_once_through_crashes_and_parallelism_changes(spark, local_stack
     truth: list[tuple[int, bool]] = []
     points = ["after_ledger", "after_archive", "after_merge", "after_metrics", "before_commit"]
     for n, point in enumerate(points):
-        wave = _wave(n, 150, W0 + n * 3000)
+        wave = _wave(n, 100, W0 + n * 3000)
         produce(config.kafka_bootstrap(), topic, [(p, v, ts) for p, v, ts, _ in wave])
         truth += [(ts, ok) for _, _, ts, ok in wave]
         marker = tmp_path / f"fault-{point}"

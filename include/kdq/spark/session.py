@@ -58,6 +58,12 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         # Delta reads its log with this many partitions; the default (50) makes
         # every small MERGE schedule 50 tasks on a 2-core machine.
         "spark.databricks.delta.snapshotPartitions": "2",
+        # Per-commit overheads that cost more than the write itself for the
+        # small commits of a micro-batch: the post-commit checksum (a full
+        # state reconstruction) and source materialisation of MERGE (our MERGE
+        # sources are local, deterministic rows).
+        "spark.databricks.delta.writeChecksumFile.enabled": "false",
+        "spark.databricks.delta.merge.materializeSource": "none",
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),

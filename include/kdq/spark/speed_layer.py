@@ -37,10 +37,10 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
-from kdq.batch_summary import merge_maxima, summarize
+from kdq.batch_summary import merge_maxima, quarantine_sample, summarize
 from kdq.config import Config
 from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
-from kdq.metrics_topic import ensure_metrics_topic, produce_counts
+from kdq.metrics_topic import ensure_metrics_topic, metrics_producer, produce_counts
 from kdq.rules import RuleSet
 from kdq.spark import transforms
 from kdq.spark.tables import ensure_tables
@@ -198,6 +198,7 @@ class SpeedLayer:
         self.push_state = InfluxPushState(config)
         self.reports: dict[int, BatchReport] = {}
         self.on_report: Callable[[BatchReport], None] | None = None
+        self._producer = None
 
     # -- the source ------------------------------------------------------------
     def source(self) -> DataFrame:
@@ -298,15 +299,14 @@ class SpeedLayer:
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
 
             append_reason_increments(self.spark, summary.reason_increments, self.config, self.app_id, batch_id)
+            lap("reasons")
             if stream.quarantine_per_window and report.invalid_rows:
-                append_quarantine(
-                    transforms.quarantine_sample(classified, stream, stream.quarantine_per_window),
-                    self.config,
-                    self.app_id,
-                    batch_id,
-                    batch_id,
+                candidates = transforms.invalid_candidates(classified, stream.quarantine_per_window * 50).collect()
+                sample = quarantine_sample(
+                    [r.asDict() for r in candidates], stream.quarantine_per_window, stream.reasons_window_seconds
                 )
-            lap("reasons_quarantine")
+                append_quarantine(self.spark, sample, self.config, self.app_id, batch_id, ingest_ms)
+            lap("quarantine")
 
             keys = sorted({(r["topic"], int(r["window_start_ms"])) for r in increments})
             absolute = read_window_counts(self.spark, self.config, keys)
@@ -316,7 +316,9 @@ class SpeedLayer:
             ]
             report.changed_windows = len(keys)
             lap("read_back")
-            produce_counts(self.config, metric_rows)
+            if self._producer is None:
+                self._producer = metrics_producer(self.config)
+            produce_counts(self.config, metric_rows, producer=self._producer)
             lap("metrics_topic")
             self.faults.maybe_crash("after_metrics", batch_id, report.input_rows)
 

@@ -241,34 +241,24 @@ def count_windows(classified: DataFrame, stream: StreamConfig) -> DataFrame:
     )
 
 
-def quarantine_sample(classified: DataFrame, stream: StreamConfig, per_window: int) -> DataFrame:
-    """At most ``per_window`` invalid records per (topic, coarse window, reason), with a readable preview."""
-    from pyspark.sql.window import Window
+def invalid_candidates(classified: DataFrame, limit: int) -> DataFrame:
+    """Up to ``limit`` invalid records with a readable preview: the candidates for the quarantine sample.
 
-    coarse_ms = stream.reasons_window_seconds * 1000
-    coarse = F.timestamp_millis((F.floor(F.unix_millis("window_start") / coarse_ms) * coarse_ms).cast("bigint"))
-    # A sample, not a copy (the archive has every record): looking at no more
-    # than 50 groups' worth of rows per batch keeps the ranking below cheap
-    # even when a whole batch is invalid.
-    ranked = (
+    A sample, not a copy (the archive holds every record), so the batch only
+    looks at a bounded number of rows, however many are invalid.
+    """
+    return (
         classified.where(~F.col("valid"))
-        .limit(per_window * 50)
-        .withColumn("window_start", coarse)
-        .withColumn(
-            "__rank",
-            F.row_number().over(Window.partitionBy("topic", "window_start", "reason").orderBy("partition", "offset")),
+        .select(
+            "topic",
+            "partition",
+            "offset",
+            F.unix_millis("window_start").alias("window_start_ms"),
+            "reason",
+            F.substring(F.expr("CAST(value AS STRING)"), 1, 512).alias("value_preview"),
+            F.coalesce(F.length("value"), F.lit(0)).cast("bigint").alias("value_bytes"),
         )
-        .where(F.col("__rank") <= per_window)
-    )
-    return ranked.select(
-        "topic",
-        "partition",
-        "offset",
-        "window_start",
-        "reason",
-        F.substring(F.expr("CAST(value AS STRING)"), 1, 512).alias("value_preview"),
-        F.coalesce(F.length("value"), F.lit(0)).cast("bigint").alias("value_bytes"),
-        "ingest_time",
+        .limit(limit)
     )
 
 

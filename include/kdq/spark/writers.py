@@ -177,15 +177,34 @@ def append_reason_increments(
     )
 
 
-def append_quarantine(sample: DataFrame, config: Config, app_id: str, version: int, batch_id: int) -> None:
-    _require_columns(sample, QUARANTINE, ["topic", "partition", "offset", "reason", "value_preview"])
+def append_quarantine(
+    spark: SparkSession, rows: Sequence[Mapping], config: Config, app_id: str, batch_id: int, ingest_ms: int
+) -> None:
+    if not rows:
+        return
+    df = spark.createDataFrame(
+        [
+            (r["topic"], int(r["partition"]), int(r["offset"]), int(r["window_start_ms"]), r["reason"], r["value_preview"], int(r["value_bytes"]))
+            for r in rows
+        ],
+        "topic STRING, partition INT, offset BIGINT, window_start_ms BIGINT, reason STRING, value_preview STRING, value_bytes BIGINT",
+    )
     (
-        sample.withColumn("batch_id", F.lit(batch_id).cast("bigint"))
-        .select(*QUARANTINE.column_names)
+        df.select(
+            "topic",
+            "partition",
+            "offset",
+            F.timestamp_millis("window_start_ms").alias("window_start"),
+            "reason",
+            "value_preview",
+            "value_bytes",
+            F.timestamp_millis(F.lit(ingest_ms)).alias("ingest_time"),
+            F.lit(batch_id).cast("bigint").alias("batch_id"),
+        )
         .write.format("delta")
         .mode("append")
         .option("txnAppId", app_id)
-        .option("txnVersion", version)
+        .option("txnVersion", batch_id)
         .save(table_path(config, QUARANTINE))
     )
 

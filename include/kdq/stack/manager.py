@@ -62,7 +62,9 @@ class LocalStack:
 
     def down(self) -> list[str]:
         """Stop every component; returns the names of those that were running."""
-        stopped = []
+        from kdq.stream_process import stop_stream
+
+        stopped = ["stream"] if stop_stream(self.config) else []
         for name, component in (("influxdb", self.influx), ("kafka", self.kafka)):
             if component.stop():
                 stopped.append(name)

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from kdq.batch_summary import merge_maxima, quarantine_sample, summarize
+
+W0 = 1_700_000_000_000
+
+
+def row(topic, window, valid, reason, counted, count, max_ms=None, version="v1"):
+    return {
+        "topic": topic,
+        "window_start_ms": window,
+        "valid": valid,
+        "reason": reason,
+        "counted": counted,
+        "count": count,
+        "max_event_ms": max_ms,
+        "rules_version": version,
+    }
+
+
+def test_summarize_splits_counted_late_and_reasons() -> None:
+    rows = [
+        row("orders", W0, True, None, True, 5, W0 + 900),
+        row("orders", W0, False, "not_json", True, 1, W0 + 40),
+        row("orders", W0 + 1000, False, "schema:/required/0", True, 2, W0 + 1500),
+        row("orders", W0 + 1000, False, "not_json", True, 1, W0 + 1200),
+        row("orders", W0 - 120_000, True, None, False, 3, W0 - 119_000),  # too late: archived only
+        row("clock", W0, False, "future_timestamp", True, 4, None),  # never moves the watermark
+    ]
+    summary = summarize(rows, reasons_window_seconds=60)
+    assert summary.input_rows == 16
+    assert summary.input_rows_by_topic == {"orders": 12, "clock": 4}
+    assert summary.late_rows == {"orders": 3}
+    assert summary.invalid_rows == 8
+    assert summary.max_event_ms == {"orders": W0 + 1500}
+    assert summary.window_increments == [
+        {"topic": "clock", "window_start_ms": W0, "status": "invalid", "count": 4, "rules_version": "v1"},
+        {"topic": "orders", "window_start_ms": W0, "status": "invalid", "count": 1, "rules_version": "v1"},
+        {"topic": "orders", "window_start_ms": W0, "status": "valid", "count": 5, "rules_version": "v1"},
+        {"topic": "orders", "window_start_ms": W0 + 1000, "status": "invalid", "count": 3, "rules_version": "v1"},
+    ]
+    minute = W0 // 60_000 * 60_000
+    assert summary.reason_increments == [
+        {"topic": "clock", "window_start_ms": minute, "reason": "future_timestamp", "count": 4},
+        {"topic": "orders", "window_start_ms": minute, "reason": "not_json", "count": 2},
+        {"topic": "orders", "window_start_ms": minute, "reason": "schema:/required/0", "count": 2},
+    ]
+
+
+def test_watermarks_only_move_forward() -> None:
+    assert merge_maxima({"a": 10, "b": 5}, {"a": 7, "c": 1}) == {"a": 10, "b": 5, "c": 1}
+
+
+def test_quarantine_sample_is_bounded_per_group() -> None:
+    candidates = [
+        {"topic": "t", "partition": p, "offset": o, "window_start_ms": W0 + o, "reason": "not_json",
+         "value_preview": "x", "value_bytes": 1}
+        for p in range(2) for o in range(10)
+    ]
+    sample = quarantine_sample(candidates, per_group=3, reasons_window_seconds=60)
+    assert [(r["partition"], r["offset"]) for r in sample] == [(0, 0), (0, 1), (0, 2)]
+    assert {r["window_start_ms"] for r in sample} == {W0 // 60_000 * 60_000}
