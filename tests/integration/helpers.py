@@ -86,7 +86,12 @@ def influx_points(config: Config, measurement: str) -> dict[int, tuple[int, int]
 def window_counts(spark, config: Config, topic: str | None = None) -> dict[tuple[str, int, str], int]:
     from pyspark.sql import functions as F
 
-    df = spark.read.format("delta").load(str(config.tables_dir / "window_counts"))
+    from delta.tables import DeltaTable
+
+    path = config.tables_dir / "window_counts"
+    if not DeltaTable.isDeltaTable(spark, str(path)):
+        return {}  # the stream has not created its tables yet
+    df = spark.read.format("delta").load(str(path))
     if topic:
         df = df.where(F.col("topic") == topic)
     rows = df.select("topic", F.unix_millis("window_start").alias("w"), "status", "count").collect()

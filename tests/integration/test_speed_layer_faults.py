@@ -66,6 +66,7 @@ def stream_config(local_stack, tmp_path):
         stop_stream(config, timeout=30)
 
 
+@pytest.mark.timeout(2400)  # ten process starts of spark-submit on a 2-core machine
 def test_exactly_once_through_crashes_and_parallelism_changes(spark, local_stack, stream_config, tmp_path) -> None:
     prefix, config = stream_config
     topic = f"{prefix}-crash"

@@ -10,6 +10,7 @@ session sees every table by name.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,6 +71,10 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
     }
     if config.spark.master.startswith("local"):
         conf["spark.jars"] = ",".join(str(p) for p in connector_jars(config))
+        # Python workers (pandas UDFs of fallback rules) must run in this
+        # interpreter, not whatever python3 is first on PATH.
+        conf["spark.pyspark.python"] = sys.executable
+        conf["spark.pyspark.driver.python"] = sys.executable
     conf.update(config.spark.conf)
     return conf
 

@@ -18,8 +18,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from kdq.config import StreamConfig
-from kdq.rules import RuleSet, TopicRule
-from kdq.spark.rule_compiler import parse_value, value_reason
+from kdq.rules import NO_RULE_VERSION, RuleSet, TopicRule
+from kdq.spark.rule_compiler import parse_value, select_by_topic, value_reason
 
 VALID = "valid"
 INVALID = "invalid"
@@ -44,22 +44,10 @@ CLASSIFIED_COLUMNS = (
 )
 
 
-def rule_condition(topic: Column, rule: TopicRule) -> Column:
-    if rule.is_pattern:
-        return topic.rlike(f"^(?:{rule.match})$")
-    return topic == F.lit(rule.match)
-
-
-def _by_topic(topic: Column, cases: list[tuple[TopicRule, Column]], default: Column) -> Column:
-    """CASE WHEN <topic matches rule 1> THEN ... in precedence order; evaluated per row, so
-    topics created while the stream runs pick up pattern rules without a restart."""
-    if not cases:
-        return default
-    expr = None
-    for rule, value in cases:
-        cond = rule_condition(topic, rule)
-        expr = F.when(cond, value) if expr is None else expr.when(cond, value)
-    return expr.otherwise(default)
+def _by_topic(topic: Column, rules: RuleSet, pick, default: Column) -> Column:
+    """First-match-wins CASE over the topic column (see rule_compiler.select_by_topic), with a default."""
+    selected = select_by_topic(topic, rules, pick)
+    return default if selected is None else F.coalesce(selected, default)
 
 
 def _event_time_from_field(rule: TopicRule) -> Column:
@@ -116,11 +104,9 @@ def classify(
         ingest.alias("ingest_time"),
         parse_value(F.col("value")).alias("__parsed"),
     )
-    field_rules = [r for r in rules.rules if r.event_time_field]
-    field_time = _by_topic(
-        topic, [(r, _event_time_from_field(r)) for r in field_rules], F.lit(None).cast("timestamp")
-    )
-    has_field_rule = _by_topic(topic, [(r, F.lit(True)) for r in field_rules], F.lit(False))
+    no_time = F.lit(None).cast("timestamp")
+    field_time = _by_topic(topic, rules, lambda r: _event_time_from_field(r) if r.event_time_field else None, no_time)
+    has_field_rule = _by_topic(topic, rules, lambda r: F.lit(bool(r.event_time_field)), F.lit(False))
     checked = parsed.select(
         "*",
         field_time.alias("__field_time"),
@@ -150,7 +136,7 @@ def classify(
     # second that has not happened yet.
     counted_time = F.when(F.col("reason") == FUTURE_TIMESTAMP, F.col("ingest_time")).otherwise(F.col("event_time"))
     window_start = F.timestamp_millis((F.floor(F.unix_millis(counted_time) / size_ms) * size_ms).cast("bigint"))
-    versions = _by_topic(topic, [(r, F.lit(r.version)) for r in rules.rules], F.lit(rules.version_for("")))
+    versions = _by_topic(topic, rules, lambda r: F.lit(r.version), F.lit(NO_RULE_VERSION))
     return timed.select(
         "topic",
         "partition",

@@ -1,0 +1,324 @@
+"""Validation rules: which JSON Schema (and which event-time field) applies to which topic.
+
+Rules live in one folder (``paths.rules_dir``, default ``config/rules/``):
+
+* by convention, ``<topic>.schema.json`` applies to exactly the topic ``<topic>``;
+* an optional ``topics.toml`` maps topics to rules explicitly::
+
+      [[topic]]
+      match = "re:legacy\\..*"        # or an exact topic name
+      schema = "legacy.schema.json"    # optional, relative to the folder
+      event_time_field = "meta.event_time"   # optional, dotted path into the value
+      event_time_format = "epoch_millis"     # auto (default) | epoch_millis | iso8601
+
+Explicit entries win over convention files, and the first matching entry wins,
+in file order. An exact entry without ``schema`` uses ``<topic>.schema.json``
+when that file exists, so adding an event-time field to a topic never silently
+drops its schema. A topic without any rule is valid when its value is UTF-8 JSON.
+
+Everything here is pure Python (no Spark, no Airflow) so the stream, the batch
+jobs, the DAGs and the CLI load and check rules the same way. A broken rule is
+rejected at load time with a :class:`RuleError` naming the file and the problem:
+a rule that fails only once data arrives would turn a typo into a dashboard
+full of "invalid".
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import json
+import logging
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+TOPICS_FILE = "topics.toml"
+SCHEMA_SUFFIX = ".schema.json"
+PATTERN_PREFIX = "re:"
+EVENT_TIME_FORMATS = ("auto", "epoch_millis", "iso8601")
+NO_RULE_VERSION = "none"
+
+# Part of every rule version: bump it when the meaning of a rule changes
+# (e.g. how a keyword is evaluated), so stored results are rebuilt.
+RULES_FORMAT_VERSION = 1
+
+_ENTRY_KEYS = ("match", "schema", "event_time_field", "event_time_format")
+_SIMPLE_SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class RuleError(ValueError):
+    """A rule file is broken. The message names the file and the problem."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_pattern(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _short_hash(payload: Any) -> str:
+    # Document order is kept (no sort_keys): it decides which failing keyword
+    # is reported, so reordering a schema is a (reason-only) rule change.
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def rule_version(schema: dict | None, event_time_field: str | None, event_time_format: str) -> str:
+    """The version of what a rule computes: schema plus event-time settings.
+
+    Where a rule came from (convention file or topics.toml, exact or pattern)
+    is not part of it: moving a rule between the two must not trigger a rebuild.
+    """
+    return _short_hash(
+        {
+            "format": RULES_FORMAT_VERSION,
+            "schema": schema,
+            "event_time_field": event_time_field,
+            "event_time_format": event_time_format,
+        }
+    )
+
+
+def variant_path(dotted: str) -> str:
+    """``meta.event_time`` → ``$.meta.event_time`` (brackets for names Spark's path syntax needs quoted)."""
+    parts = []
+    for segment in dotted.split("."):
+        if _SIMPLE_SEGMENT.fullmatch(segment):
+            parts.append(f".{segment}")
+        elif "'" not in segment:  # Spark's path syntax has no escapes; backslashes are literal
+            parts.append(f"['{segment}']")
+        elif '"' not in segment:
+            parts.append(f'["{segment}"]')
+        else:
+            raise ValueError(f"field name {segment!r} cannot be expressed as a Spark variant path")
+    return "$" + "".join(parts)
+
+
+@dataclass(frozen=True)
+class TopicRule:
+    """One rule. ``match`` is the exact topic, or (``is_pattern``) a regex matched against the whole name."""
+
+    match: str
+    is_pattern: bool
+    schema: dict | None
+    schema_file: Path | None
+    event_time_field: str | None
+    event_time_format: str
+    version: str
+
+    @property
+    def label(self) -> str:
+        """How the rule is written in topics.toml: ``orders`` or ``re:legacy\\..*``."""
+        return f"{PATTERN_PREFIX}{self.match}" if self.is_pattern else self.match
+
+    @property
+    def event_time_path(self) -> str | None:
+        """The event-time field as a VARIANT path for ``variant_get``: ``$.meta.event_time``."""
+        return variant_path(self.event_time_field) if self.event_time_field else None
+
+    def matches(self, topic: str) -> bool:
+        if self.is_pattern:
+            return _compiled_pattern(self.match).fullmatch(topic) is not None
+        return topic == self.match
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """All rules of a folder, in precedence order (first match wins)."""
+
+    rules: tuple[TopicRule, ...] = ()
+    version: str = NO_RULE_VERSION
+
+    def rule_for(self, topic: str) -> TopicRule | None:
+        for rule in self.rules:
+            if rule.matches(topic):
+                return rule
+        return None
+
+    def version_for(self, topic: str) -> str:
+        """Short hash of the topic's effective rule; ``"none"`` for topics without one."""
+        rule = self.rule_for(topic)
+        return rule.version if rule is not None else NO_RULE_VERSION
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+
+def _json_pointer(parts: Any) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def load_schema(path: Path) -> dict:
+    """Read and check one JSON Schema file; :class:`RuleError` naming the file on any problem."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import Draft202012Validator, validator_for
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RuleError(f"{path}: schema file not found") from None
+    except UnicodeDecodeError as exc:
+        raise RuleError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise RuleError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RuleError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    if not isinstance(schema, dict):
+        raise RuleError(f"{path}: a rule must be a JSON object (a JSON Schema), got {type(schema).__name__}")
+    cls = validator_for(schema, default=Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        where = _json_pointer(exc.path) or "/"
+        raise RuleError(f"{path}: not a valid JSON Schema at {where}: {exc.message}") from None
+    return schema
+
+
+def _entry_name(index: int, entry: Any) -> str:
+    match = entry.get("match") if isinstance(entry, dict) else None
+    return f"[[topic]] entry #{index}" + (f" (match = {match!r})" if isinstance(match, str) else "")
+
+
+def _check_field(toml: Path, name: str, field: Any) -> str:
+    if not isinstance(field, str) or not field or any(not s for s in field.split(".")):
+        raise RuleError(
+            f"{toml}: {name}: event_time_field must be a dotted path such as 'ts' or 'meta.ts', got {field!r}"
+        )
+    try:
+        variant_path(field)
+    except ValueError as exc:
+        raise RuleError(f"{toml}: {name}: event_time_field {field!r}: {exc}") from None
+    return field
+
+
+def load_rules(rules_dir: Path) -> RuleSet:
+    """Load and check every rule in ``rules_dir``; an empty or missing folder gives an empty RuleSet."""
+    rules_dir = Path(rules_dir)
+    if not rules_dir.exists():
+        return RuleSet((), _short_hash([]))
+    if not rules_dir.is_dir():
+        raise RuleError(f"{rules_dir}: rules_dir is not a folder")
+
+    schemas: dict[Path, dict] = {}
+
+    def schema_at(path: Path) -> dict:
+        path = path.resolve()
+        if path not in schemas:
+            schemas[path] = load_schema(path)
+        return schemas[path]
+
+    # Every convention file is checked even if an explicit entry shadows it:
+    # a broken file in the rules folder is a mistake worth reporting.
+    convention: dict[str, Path] = {}
+    for path in sorted(rules_dir.glob(f"*{SCHEMA_SUFFIX}")):
+        schema_at(path)
+        convention[path.name[: -len(SCHEMA_SUFFIX)]] = path
+
+    explicit: list[TopicRule] = []
+    toml = rules_dir / TOPICS_FILE
+    if toml.exists():
+        try:
+            data = tomllib.loads(toml.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise RuleError(f"{toml}: not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise RuleError(f"{toml}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        for key in data:
+            if key != "topic":
+                raise RuleError(f"{toml}: unknown top-level key {key!r}; rules are [[topic]] entries")
+        entries = data.get("topic", [])
+        if not isinstance(entries, list):
+            raise RuleError(f"{toml}: 'topic' must be an array of tables ([[topic]])")
+        exact_seen: dict[str, int] = {}
+        for index, entry in enumerate(entries, start=1):
+            name = _entry_name(index, entry)
+            if not isinstance(entry, dict):
+                raise RuleError(f"{toml}: {name}: must be a table")
+            for key in entry:
+                if key not in _ENTRY_KEYS:
+                    close = difflib.get_close_matches(key, _ENTRY_KEYS, n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    raise RuleError(
+                        f"{toml}: {name}: unknown key {key!r}{hint}; allowed keys: {', '.join(_ENTRY_KEYS)}"
+                    )
+            match = entry.get("match")
+            if not isinstance(match, str) or not match:
+                raise RuleError(f"{toml}: {name}: 'match' is required (an exact topic name or 're:<regex>')")
+            is_pattern = match.startswith(PATTERN_PREFIX)
+            if is_pattern:
+                match = match[len(PATTERN_PREFIX) :]
+                try:
+                    _compiled_pattern(match)
+                except re.error as exc:
+                    raise RuleError(f"{toml}: {name}: bad regex {match!r}: {exc}") from None
+            else:
+                if match in exact_seen:
+                    raise RuleError(
+                        f"{toml}: {name}: duplicate exact topic {match!r} (already in entry #{exact_seen[match]})"
+                    )
+                exact_seen[match] = index
+
+            schema_file: Path | None = None
+            if "schema" in entry:
+                rel = entry["schema"]
+                if not isinstance(rel, str) or not rel:
+                    raise RuleError(f"{toml}: {name}: 'schema' must be a file name, got {rel!r}")
+                schema_file = rules_dir / rel
+                if not schema_file.is_file():
+                    raise RuleError(f"{toml}: {name}: schema file {rel!r} not found in {rules_dir}")
+            elif not is_pattern and match in convention:
+                schema_file = convention[match]
+            schema = schema_at(schema_file) if schema_file is not None else None
+
+            field = entry.get("event_time_field")
+            if field is not None:
+                field = _check_field(toml, name, field)
+            fmt = entry.get("event_time_format", "auto")
+            if fmt not in EVENT_TIME_FORMATS:
+                raise RuleError(
+                    f"{toml}: {name}: bad event_time_format {fmt!r}; expected one of {', '.join(EVENT_TIME_FORMATS)}"
+                )
+            explicit.append(
+                TopicRule(
+                    match=match,
+                    is_pattern=is_pattern,
+                    schema=schema,
+                    schema_file=schema_file,
+                    event_time_field=field,
+                    event_time_format=fmt,
+                    version=rule_version(schema, field, fmt),
+                )
+            )
+
+    rules = list(explicit)
+    exact = {r.match for r in explicit if not r.is_pattern}
+    for topic, path in convention.items():
+        if topic in exact:
+            continue
+        shadow = next((r for r in explicit if r.is_pattern and r.matches(topic)), None)
+        if shadow is not None:
+            log.warning(
+                "%s is shadowed by the topics.toml entry %r (explicit entries win); it never applies",
+                path,
+                shadow.label,
+            )
+        schema = schema_at(path)
+        rules.append(
+            TopicRule(
+                match=topic,
+                is_pattern=False,
+                schema=schema,
+                schema_file=path,
+                event_time_field=None,
+                event_time_format="auto",
+                version=rule_version(schema, None, "auto"),
+            )
+        )
+    return RuleSet(tuple(rules), _short_hash([[r.label, r.version] for r in rules]))
