@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 KDQ := $(VENV)/bin/kdq
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run stop status test test-unit test-integration lint
+.PHONY: setup run stop status test test-unit test-integration lint package
 
 setup:
 	@bash scripts/setup.sh
@@ -36,3 +36,10 @@ test-integration: setup
 
 lint: setup
 	@$(VENV)/bin/ruff check include plugins dags spark_jobs tests
+
+## package: dist/kdq.zip, the shared package for spark-submit --py-files on a cluster
+package: setup
+	@mkdir -p dist && $(PY) -c "import pathlib, zipfile; \
+	  z = zipfile.ZipFile('dist/kdq.zip', 'w', zipfile.ZIP_DEFLATED); \
+	  [z.write(p, p.relative_to('include')) for p in sorted(pathlib.Path('include/kdq').rglob('*')) if p.suffix in ('.py', '.typed')]; \
+	  z.close()" && echo "dist/kdq.zip"
