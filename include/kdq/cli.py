@@ -75,6 +75,27 @@ def _stream_stop(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _submit(config: Config, job: str, job_args: list[str]) -> int:
+    import os
+    import subprocess
+
+    from kdq.spark.submit import submit_command
+    from kdq.stream_process import child_env
+
+    command = submit_command(config, job, job_args)
+    return subprocess.call(command, env={**os.environ, **child_env(config)}, cwd=config.base_dir)
+
+
+def _recompute(config: Config, args: argparse.Namespace) -> int:
+    job_args = [f"--{name.replace('_', '-')}={value}" for name in ("start", "end", "run_id", "reason") if (value := getattr(args, name))]
+    return _submit(config, "batch_recompute", job_args + (["--skip-push"] if args.skip_push else []))
+
+
+def _catch_up(config: Config, args: argparse.Namespace) -> int:
+    job_args = ([f"--since={args.since}"] if args.since else []) + (["--force"] if args.force else [])
+    return _submit(config, "influx_catch_up", job_args)
+
+
 def _sql(config: Config, args: argparse.Namespace) -> int:
     from kdq.spark.session import build_session
 
@@ -104,6 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("stream-stop", help="stop the background speed layer gracefully").set_defaults(
         func=_stream_stop
     )
+    recompute = commands.add_parser(
+        "recompute", help="batch layer: recompute windows that got late records in [start, end) of ingest time"
+    )
+    recompute.add_argument("--start", help="ISO-8601 or epoch millis (default: the last full hour)")
+    recompute.add_argument("--end")
+    recompute.add_argument("--run-id")
+    recompute.add_argument("--reason", help="recorded in the corrections table (default late_data)")
+    recompute.add_argument("--skip-push", action="store_true", help="do not push corrections to Kafka/InfluxDB")
+    recompute.set_defaults(func=_recompute)
+    catch_up = commands.add_parser("influx-catch-up", help="push window counts InfluxDB missed (e.g. while down)")
+    catch_up.add_argument("--since", help="ISO-8601 or epoch millis (default: the stream's first failed push)")
+    catch_up.add_argument("--force", action="store_true", help="push even if no failure was recorded")
+    catch_up.set_defaults(func=_catch_up)
     sql = commands.add_parser("sql", help="run Spark SQL on the kdq tables (registered by name)")
     sql.add_argument("statement", nargs="+")
     sql.add_argument("--limit", type=int, default=50)

@@ -1,0 +1,610 @@
+"""The batch layer: recompute windows that got records too late for the speed layer, from the raw archive.
+
+One run covers one **interval of ingest time** ``[start, end)`` (Airflow's data
+interval, hourly):
+
+1. :func:`late_windows` — the (topic, window_start) pairs of archive rows
+   ingested in the interval that the stream did not count (``counted =
+   false``), plus rows loaded by another job (``source <> 'stream'``). The
+   late rows can belong to *any* earlier hour, so their ``event_hour``
+   partitions cannot be derived from the interval: the scan relies on Delta's
+   per-file min/max statistics of ``ingest_time`` instead. The stream writes
+   one set of files per micro-batch, each with a single ingest time, so all
+   but the interval's files are skipped without being opened.
+2. :func:`recompute_counts` — absolute counts of those windows from *all*
+   their archive rows (counted or not), with the same
+   :func:`kdq.spark.transforms.count_windows` the stream uses; only the
+   ``event_hour`` partitions of those windows are read.
+3. :func:`apply_corrections` — compares with ``window_counts``, MERGEs the
+   rows that differ (``updated_by = 'batch'``) and appends one ``corrections``
+   row per changed (topic, window, status), old → new.
+4. :func:`push_corrections` — absolute counts of the corrected windows to the
+   metrics topic and InfluxDB (both fields).
+
+:func:`influx_catch_up` re-pushes every window updated since the stream last
+failed to reach InfluxDB.
+
+**Zero counts.** The stream never stores a zero: a status a window has not
+seen has no row (it reads as 0). The batch layer keeps that invariant: when a
+recomputed status is 0 but the table has a row (only possible after a rule
+change, or a count the archive does not support), the row is **deleted** and a
+correction ``old → 0`` is recorded; the metrics topic gets the value ``0`` for
+that key (so compacted consumers converge to 0) and InfluxDB the field 0.
+
+**Why the recompute cannot race the stream.** Lateness is decided per (topic,
+window) against the watermark from *before* a micro-batch, and watermarks
+only move forward. So once a batch archives a ``counted = false`` row for a
+window, every later batch also leaves that window alone, and every earlier
+batch (which may have counted rows of it) has finished its MERGE: micro-batches
+run one after the other, and the archive append precedes the MERGE within a
+batch. Absolute counts read from the archive after a late row is visible
+therefore never double-count with a pending stream increment.
+
+**Exactly once, step by step** (``app id = kdq-batch-<interval start ms>``).
+The corrections append and the window-counts MERGE are two Delta commits
+guarded by the same (app id, version); the version comes from the tables' own
+logs: ``Vc``/``Vw``, the last version each table committed for the app id.
+
+* ``Vc == Vw``: the previous attempt finished (or none ran). A run whose
+  recomputation equals the table writes nothing (re-running an interval is a
+  no-op); otherwise version ``Vw + 1``: corrections first, then the MERGE.
+* ``Vc > Vw``: an attempt recorded its corrections and died before its MERGE.
+  If the recomputation still gives the recorded changes, the same version is
+  reused: Delta skips the corrections append (already committed) and applies
+  the MERGE. If it changed meanwhile (more late rows arrived), a new version
+  records and applies the new changes; the interrupted attempt's rows remain
+  (same interval, earlier ``corrected_at``) and no MERGE ever carried them.
+
+The interval is only complete once the stream has finished every micro-batch
+that started before its end (:func:`stream_caught_up`; the job reports it).
+
+Pushes send absolute values of every window the interval's corrections touched
+(read from the corrections table, so a run whose push failed can simply be
+re-run); they are absolute values, so re-sending them is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from kdq.config import Config, StreamConfig
+from kdq.influx import InfluxSink, count_points
+from kdq.intervals import iso
+from kdq.metrics_topic import ensure_metrics_topic, produce_counts
+from kdq.spark import transforms
+from kdq.spark.tables import table_path
+from kdq.spark.writers import _date_literal, _ts_literal, idempotent_write, now_ms
+from kdq.tables import CORRECTIONS, WINDOW_COUNTS
+from kdq.windows import event_hour
+
+log = logging.getLogger("kdq.batch")
+
+STATUSES = (transforms.VALID, transforms.INVALID)
+BATCH = "batch"
+STREAM_SOURCE = "stream"
+# Delta's optimistic concurrency: the stream commits to window_counts every few
+# seconds, often in the same window_date partition as the corrections.
+_CONFLICT_MARKERS = ("Concurrent", "DELTA_CONCURRENT")
+_MAX_ATTEMPTS = 5
+_DAY_MS = 86_400_000
+
+
+def batch_app_id(interval_start_ms: int) -> str:
+    return f"kdq-batch-{int(interval_start_ms)}"
+
+
+def _ts(ms: int):
+    return F.timestamp_millis(F.lit(int(ms)))
+
+
+# -- what a read costs ---------------------------------------------------------------------------
+
+
+def scan_stats(spark: SparkSession, df: DataFrame) -> dict[str, int]:
+    """Files and bytes a DataFrame will read, after partition pruning and Delta data skipping.
+
+    ``inputFiles()`` reflects Delta's file skipping (the optimizer prepares
+    the Delta scan with the query's filters); sizes come from one listing per
+    folder rather than one request per file, which matters on object stores.
+    """
+    files = df.inputFiles()
+    by_dir: dict[str, set[str]] = defaultdict(set)
+    for uri in files:
+        folder, _, name = uri.rpartition("/")
+        by_dir[folder].add(name)
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    size = 0
+    for folder, names in by_dir.items():
+        path = jvm.org.apache.hadoop.fs.Path(folder)
+        for status in path.getFileSystem(conf).listStatus(path):
+            if status.getPath().getName() in names:
+                size += status.getLen()
+    return {"files": len(files), "bytes": size}
+
+
+def table_totals(spark: SparkSession, path: str) -> dict[str, int]:
+    """Files and bytes of a Delta table's current snapshot (from its log), to set a scan's cost against."""
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).detail().select("numFiles", "sizeInBytes").first()
+    return {"files": int(row["numFiles"] or 0), "bytes": int(row["sizeInBytes"] or 0)}
+
+
+# -- pure transforms -------------------------------------------------------------------------------
+
+
+def late_windows(archive_df: DataFrame, start_ms: int, end_ms: int) -> DataFrame:
+    """(topic, window_start) of archive rows ingested in [start, end) that the stream did not count.
+
+    Also rows another job loaded (``source <> 'stream'``): their windows were
+    never counted by the stream at all. The ``ingest_time`` range is a literal
+    predicate, so Delta skips every file whose ingest_time statistics miss it.
+    """
+    return (
+        archive_df.where((F.col("ingest_time") >= _ts(start_ms)) & (F.col("ingest_time") < _ts(end_ms)))
+        .where(~F.col("counted") | (F.coalesce(F.col("source"), F.lit("")) != STREAM_SOURCE))
+        .select("topic", "window_start")
+        .distinct()
+    )
+
+
+def _window_hours(windows_df: DataFrame) -> list[str]:
+    starts = windows_df.select(F.unix_millis("window_start").alias("ms")).distinct().collect()
+    return sorted({event_hour(row["ms"]) for row in starts})
+
+
+def archive_rows_of(archive_df: DataFrame, windows_df: DataFrame, hours: Sequence[str] | None = None) -> DataFrame:
+    """Every archive row of the given windows, reading only their ``event_hour`` partitions.
+
+    ``event_hour`` is the UTC hour of window_start (the session factory pins
+    the session time zone to UTC, which is how the stream wrote it).
+    """
+    windows = windows_df.select("topic", "window_start").distinct()
+    hours = _window_hours(windows) if hours is None else list(hours)
+    if not hours:
+        return archive_df.where(F.lit(False))
+    return archive_df.where(F.col("event_hour").isin(hours)).join(
+        F.broadcast(windows), ["topic", "window_start"], "left_semi"
+    )
+
+
+def recompute_counts(archive_df: DataFrame, windows_df: DataFrame, window_seconds: int) -> DataFrame:
+    """Absolute (topic, window_start, window_end, status, count, rules_version) of the given windows.
+
+    Counts every archived row of each window, whether the stream counted it
+    or not, with the stream's own count transform: the archive carries the
+    valid flag and window_start the shared classifier computed, so both
+    layers agree by construction. Statuses with a zero count have no row.
+    """
+    rows = archive_rows_of(archive_df, windows_df).drop("counted")
+    return transforms.count_windows(rows, StreamConfig(window_seconds=window_seconds))
+
+
+# -- Delta side effects ----------------------------------------------------------------------------
+
+
+def _txn_version(spark: SparkSession, path: str, app_id: str) -> int:
+    """The last idempotent-write version ``app_id`` committed to the table at ``path`` (-1: none).
+
+    Read from the Delta log's transaction actions, the same record Delta
+    checks to skip a write: there is no Python API for it, hence the JVM call.
+    """
+    jvm = spark._jvm
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    snapshot = delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+    version = snapshot.transactions().get(app_id)
+    return int(version.get()) if version.isDefined() else -1
+
+
+def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[dict]:
+    """Rows of (topic, window, status) whose recomputed count differs from window_counts.
+
+    Both statuses of every recomputed window are compared, so a status that
+    recomputes to 0 while the table has a row shows up as a change to 0.
+    """
+    new = new_counts.select(
+        "topic",
+        "window_start",
+        "window_end",
+        "status",
+        F.col("count").alias("new_count"),
+        "rules_version",
+    ).persist()
+    try:
+        windows = new.select("topic", "window_start", "window_end").distinct()
+        days = windows.select((F.unix_millis("window_start") / _DAY_MS).cast("bigint").alias("d")).distinct()
+        dates = sorted({_date_literal(r["d"] * _DAY_MS) for r in days.collect()})
+        if not dates:
+            return []
+        statuses = spark.createDataFrame([(s,) for s in STATUSES], "status STRING")
+        grid = windows.crossJoin(F.broadcast(statuses)).join(
+            new.select("topic", "window_start", "status", "new_count", "rules_version"),
+            ["topic", "window_start", "status"],
+            "left",
+        )
+        current = (
+            spark.read.format("delta")
+            .load(table_path(config, WINDOW_COUNTS))
+            .where(f"window_date IN ({', '.join(dates)})")
+            .select("topic", "window_start", "status", F.col("count").alias("old_count"))
+        )
+        changed = (
+            grid.join(current, ["topic", "window_start", "status"], "left")
+            .select(
+                "topic",
+                F.unix_millis("window_start").alias("window_start_ms"),
+                F.unix_millis("window_end").alias("window_end_ms"),
+                "status",
+                F.coalesce("old_count", F.lit(0)).cast("bigint").alias("old_count"),
+                F.coalesce("new_count", F.lit(0)).cast("bigint").alias("new_count"),
+                "rules_version",
+            )
+            .where(F.col("old_count") != F.col("new_count"))
+        )
+        rows = [r.asDict() for r in changed.collect()]
+    finally:
+        new.unpersist()
+    return sorted(rows, key=lambda r: (r["topic"], r["window_start_ms"], r["status"]))
+
+
+def _recorded_attempt(spark: SparkSession, config: Config, interval: tuple[int, int]) -> set[tuple]:
+    """The correction rows of the latest attempt for this interval (one append shares one corrected_at)."""
+    start_ms, end_ms = interval
+    rows = (
+        spark.read.format("delta")
+        .load(table_path(config, CORRECTIONS))
+        .where((F.col("interval_start") == _ts(start_ms)) & (F.col("interval_end") == _ts(end_ms)))
+        .select(
+            "topic",
+            F.unix_millis("window_start").alias("w"),
+            "status",
+            "old_count",
+            "new_count",
+            F.unix_millis("corrected_at").alias("at"),
+        )
+        .collect()
+    )
+    if not rows:
+        return set()
+    latest = max(r["at"] for r in rows)
+    return {(r["topic"], r["w"], r["status"], r["old_count"], r["new_count"]) for r in rows if r["at"] == latest}
+
+
+def _append_corrections(
+    spark: SparkSession,
+    config: Config,
+    changed: Sequence[dict],
+    run_id: str,
+    interval: tuple[int, int],
+    reason: str,
+    app_id: str,
+    version: int,
+) -> None:
+    start_ms, end_ms = interval
+    df = spark.createDataFrame(
+        [(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed],
+        "topic STRING, window_start_ms BIGINT, status STRING, old_count BIGINT, new_count BIGINT",
+    )
+    (
+        df.select(
+            "topic",
+            F.timestamp_millis("window_start_ms").alias("window_start"),
+            "status",
+            "old_count",
+            "new_count",
+            _ts(start_ms).alias("interval_start"),
+            _ts(end_ms).alias("interval_end"),
+            F.lit(run_id).alias("run_id"),
+            F.lit(reason).alias("reason"),
+            F.current_timestamp().alias("corrected_at"),
+        )
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", version)
+        .save(table_path(config, CORRECTIONS))
+    )
+
+
+def _merge_absolute(spark: SparkSession, config: Config, changed: Sequence[dict], app_id: str, version: int) -> None:
+    """Set absolute counts (deleting rows that became 0) for the changed keys, once per (app id, version)."""
+    from delta.tables import DeltaTable
+
+    source = spark.createDataFrame(
+        [
+            (r["topic"], r["window_start_ms"], r["window_end_ms"], r["status"], r["new_count"], r["rules_version"])
+            for r in changed
+        ],
+        "topic STRING, window_start_ms BIGINT, window_end_ms BIGINT, status STRING, count BIGINT, rules_version STRING",
+    ).select(
+        "topic",
+        F.timestamp_millis("window_start_ms").alias("window_start"),
+        F.timestamp_millis("window_end_ms").alias("window_end"),
+        "status",
+        "count",
+        F.current_timestamp().alias("updated_at"),
+        F.lit(BATCH).alias("updated_by"),
+        "rules_version",
+        F.to_date(F.timestamp_millis("window_start_ms")).alias("window_date"),
+    )
+    dates = sorted({_date_literal(r["window_start_ms"]) for r in changed})
+    lo = min(r["window_start_ms"] for r in changed)
+    hi = max(r["window_start_ms"] for r in changed)
+    condition = (
+        f"t.window_date IN ({', '.join(dates)}) "
+        f"AND t.window_start BETWEEN {_ts_literal(lo)} AND {_ts_literal(hi)} "
+        "AND t.topic = s.topic AND t.window_start = s.window_start AND t.status = s.status"
+    )
+    target = DeltaTable.forPath(spark, table_path(config, WINDOW_COUNTS)).alias("t")
+    with idempotent_write(spark, app_id, version):
+        (
+            target.merge(source.alias("s"), condition)
+            .whenMatchedDelete(condition="s.count = 0")
+            .whenMatchedUpdate(
+                set={
+                    "count": "s.count",
+                    "window_end": "s.window_end",
+                    "updated_at": "s.updated_at",
+                    "updated_by": "s.updated_by",
+                    "rules_version": "s.rules_version",
+                }
+            )
+            .whenNotMatchedInsertAll(condition="s.count > 0")
+            .execute()
+        )
+
+
+def stream_caught_up(spark: SparkSession, config: Config, end_ms: int) -> bool | None:
+    """Whether every stream micro-batch with an ingest time before ``end_ms`` has finished (None: no stream ran).
+
+    A late row becomes visible in the archive when its micro-batch commits,
+    which can be well after its ingest time (a slow batch, or a crashed one
+    replayed later with its original ingest time). Micro-batches run one after
+    the other, so it is enough that the latest batch of the ledger started at
+    or after ``end_ms``, or has committed (Spark's ``commits/<id>``). When this
+    is false, rows may still arrive for the interval: run it again later.
+    """
+    from kdq.spark.ledger import BatchLedger
+    from kdq.spark.speed_layer import checkpoint_dir
+
+    jvm = spark._jvm
+    checkpoint = str(checkpoint_dir(config))
+    folder = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/kdq_ledger")
+    fs = folder.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(folder):
+        return None
+    latest = BatchLedger(spark, checkpoint).latest_before(2**62)
+    if latest is None:
+        return None
+    if int(latest["ingest_time_ms"]) >= end_ms:
+        return True
+    return bool(fs.exists(jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/commits/{int(latest['batch_id'])}")))
+
+
+def _is_conflict(exc: Exception) -> bool:
+    text = f"{type(exc).__name__} {exc}"
+    return any(marker in text for marker in _CONFLICT_MARKERS)
+
+
+def apply_corrections(
+    spark: SparkSession,
+    config: Config,
+    new_counts: DataFrame,
+    run_id: str,
+    interval: tuple[int, int],
+    reason: str,
+) -> list[dict]:
+    """MERGE recomputed absolute counts where they differ from window_counts, recording each change.
+
+    ``new_counts`` is :func:`recompute_counts`' output; windows absent from it
+    are not touched. Returns the changed rows: topic, window_start_ms,
+    window_end_ms, status, old_count, new_count (also as ``count``),
+    rules_version. Idempotent per interval (see the module docstring); retried
+    when a concurrent commit of the stream conflicts.
+    """
+    missing = [c for c in ("topic", "window_start", "window_end", "status", "count", "rules_version") if c not in new_counts.columns]
+    if missing:
+        raise ValueError(
+            f"apply_corrections: new_counts lacks {missing}; expected recompute_counts' columns "
+            f"(topic, window_start, window_end, status, count, rules_version), got {new_counts.columns}"
+        )
+    app_id = batch_app_id(interval[0])
+    for attempt in range(1, _MAX_ATTEMPTS + 1):
+        try:
+            return _apply_once(spark, config, new_counts, run_id, interval, reason, app_id)
+        except Exception as exc:
+            if attempt == _MAX_ATTEMPTS or not _is_conflict(exc):
+                raise
+            log.warning("corrections conflicted with a concurrent commit (attempt %d): %s", attempt, str(exc)[:300])
+            time.sleep(min(2.0 * attempt, 10.0))
+    raise AssertionError("unreachable")
+
+
+def _apply_once(
+    spark: SparkSession,
+    config: Config,
+    new_counts: DataFrame,
+    run_id: str,
+    interval: tuple[int, int],
+    reason: str,
+    app_id: str,
+) -> list[dict]:
+    vc = _txn_version(spark, table_path(config, CORRECTIONS), app_id)
+    vw = _txn_version(spark, table_path(config, WINDOW_COUNTS), app_id)
+    changed = _diff(spark, config, new_counts)
+    if not changed:
+        log.info("interval %s..%s: window_counts already equal the recomputation", iso(interval[0]), iso(interval[1]))
+        return []
+    version = max(vc, vw) + 1
+    if vc > vw:
+        recorded = _recorded_attempt(spark, config, interval)
+        wanted = {(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed}
+        if recorded == wanted:
+            version = vc  # the corrections append is skipped by Delta; the MERGE completes the attempt
+            log.warning("completing an interrupted batch run (app id %s, version %d)", app_id, version)
+        else:
+            log.warning(
+                "an interrupted batch run (app id %s, version %d) recorded corrections that no longer apply; "
+                "recording the current ones as version %d",
+                app_id,
+                vc,
+                version,
+            )
+    _append_corrections(spark, config, changed, run_id, interval, reason, app_id, version)
+    _merge_absolute(spark, config, changed, app_id, version)
+    for row in changed:
+        row["count"] = row["new_count"]
+    log.info("interval %s..%s: %d corrections (version %d)", iso(interval[0]), iso(interval[1]), len(changed), version)
+    return changed
+
+
+# -- reading back and pushing -------------------------------------------------------------------------
+
+
+def window_values(spark: SparkSession, config: Config, windows: Iterable[tuple[str, int]]) -> list[dict]:
+    """Absolute (valid, invalid) per (topic, window_start_ms) from window_counts; a missing status is 0.
+
+    A semi-join on the wanted windows within their window_date partitions,
+    unlike a range scan, collects only the wanted rows however far apart the
+    windows are.
+    """
+    keys = sorted(set((t, int(ms)) for t, ms in windows))
+    if not keys:
+        return []
+    wanted = spark.createDataFrame(keys, "topic STRING, window_start_ms BIGINT").select(
+        "topic", F.timestamp_millis("window_start_ms").alias("window_start")
+    )
+    dates = sorted({_date_literal(ms) for _, ms in keys})
+    table = (
+        spark.read.format("delta")
+        .load(table_path(config, WINDOW_COUNTS))
+        .where(f"window_date IN ({', '.join(dates)})")
+        .join(F.broadcast(wanted), ["topic", "window_start"], "left_semi")
+    )
+    found: dict[tuple[str, int], dict[str, int]] = {}
+    for row in table.select("topic", F.unix_millis("window_start").alias("ms"), "status", "count").collect():
+        found.setdefault((row["topic"], row["ms"]), {"valid": 0, "invalid": 0})[row["status"]] = int(row["count"])
+    return [
+        {"topic": t, "window_start_ms": ms, **found.get((t, ms), {"valid": 0, "invalid": 0})} for t, ms in keys
+    ]
+
+
+def interval_corrections(spark: SparkSession, config: Config, interval: tuple[int, int]) -> list[tuple[str, int, str]]:
+    """(topic, window_start_ms, status) of every correction ever recorded for this interval."""
+    start_ms, end_ms = interval
+    rows = (
+        spark.read.format("delta")
+        .load(table_path(config, CORRECTIONS))
+        .where((F.col("interval_start") == _ts(start_ms)) & (F.col("interval_end") == _ts(end_ms)))
+        .select("topic", F.unix_millis("window_start").alias("w"), "status")
+        .distinct()
+        .collect()
+    )
+    return sorted((r["topic"], int(r["w"]), r["status"]) for r in rows)
+
+
+def push_corrections(
+    spark: SparkSession, config: Config, keys: Iterable[tuple[str, int, str]], producer: Any = None
+) -> dict[str, Any]:
+    """Send the current absolute counts of corrected (topic, window, status) keys to both outputs.
+
+    Metrics topic: one message per key, the count read back from Delta (0
+    for a deleted row). InfluxDB: one point per window with both fields.
+    A metrics-topic failure raises; an InfluxDB failure is returned
+    (``influx_ok`` False, ``influx_error``) so the caller can record it for the catch-up.
+    """
+    keys = sorted(set(keys))
+    result: dict[str, Any] = {"metrics_sent": 0, "influx_points": 0, "influx_ok": True}
+    if not keys:
+        return result
+    values = window_values(spark, config, [(t, ms) for t, ms, _ in keys])
+    ensure_metrics_topic(config)  # compacted; a producer would otherwise auto-create it without compaction
+    by_window = {(r["topic"], r["window_start_ms"]): r for r in values}
+    result["metrics_sent"] = produce_counts(
+        config,
+        [{"topic": t, "window_start_ms": ms, "status": s, "count": by_window[(t, ms)][s]} for t, ms, s in keys],
+        producer=producer,
+    )
+    if config.influxdb.enabled:
+        try:
+            result["influx_points"] = InfluxSink(config).write(count_points(values))
+        except Exception as exc:  # InfluxWriteError, or a config error naming the missing URL
+            log.error("InfluxDB push of %d corrected windows failed: %s", len(values), exc)
+            result["influx_ok"] = False
+            result["influx_error"] = str(exc)[:500]
+    return result
+
+
+def influx_catch_up(
+    spark: SparkSession,
+    config: Config,
+    since_ms: int | None = None,
+    force: bool = False,
+    chunk: int = 5000,
+) -> dict[str, Any]:
+    """Push every window with a window_counts row updated at or after ``since_ms`` to InfluxDB.
+
+    ``since_ms`` defaults to the stream's pending push state (the start of the
+    first batch whose push failed); with neither, nothing is done unless
+    ``force`` (then every window is pushed). Points carry absolute values, so
+    re-pushing is harmless. The pending state is cleared afterwards, unless
+    the stream recorded a new failure meanwhile or ``since_ms`` started after
+    the pending time (those rows would not have been covered).
+    """
+    from kdq.spark.speed_layer import InfluxPushState
+
+    state = InfluxPushState(config)
+    before = state.read()
+    pending = before.get("pending_since_ms")
+    since = since_ms if since_ms is not None else pending
+    summary: dict[str, Any] = {"since_ms": since, "pending_since_ms": pending, "points": 0, "cleared": False}
+    if not config.influxdb.enabled:
+        summary["skipped"] = "influxdb.enabled is false"
+        return summary
+    if since is None:
+        if not force:
+            summary["skipped"] = "nothing pending"
+            return summary
+        since = 0
+        summary["since_ms"] = 0
+    started = now_ms()
+    table = spark.read.format("delta").load(table_path(config, WINDOW_COUNTS))
+    updated = table.where(F.col("updated_at") >= _ts(since))
+    dates = sorted(r["window_date"] for r in updated.select("window_date").distinct().collect())
+    if dates:
+        literals = ", ".join(f"DATE'{d.isoformat()}'" for d in dates)
+        windows = updated.select("topic", "window_start").distinct()
+        rows = (
+            table.where(f"window_date IN ({literals})")
+            .join(windows, ["topic", "window_start"], "left_semi")
+            .groupBy("topic", "window_start")
+            .agg(
+                F.sum(F.when(F.col("status") == transforms.VALID, F.col("count")).otherwise(0)).alias("valid"),
+                F.sum(F.when(F.col("status") == transforms.INVALID, F.col("count")).otherwise(0)).alias("invalid"),
+            )
+            .select("topic", F.unix_millis("window_start").alias("window_start_ms"), "valid", "invalid")
+        )
+        sink = InfluxSink(config)
+        batch: list[dict] = []
+        for row in rows.toLocalIterator():
+            batch.append(row.asDict())
+            if len(batch) >= chunk:
+                summary["points"] += sink.write(count_points(batch))
+                batch = []
+        if batch:
+            summary["points"] += sink.write(count_points(batch))
+    after = state.read()
+    covered = pending is None or since <= pending
+    if after.get("failures", 0) == before.get("failures", 0) and covered and after.get("pending_since_ms") is not None:
+        state.clear(started)
+        summary["cleared"] = True
+    log.info("InfluxDB catch-up since %s: %d points", iso(since), summary["points"])
+    return summary
