@@ -88,7 +88,10 @@ def test_exactly_once_through_crashes_and_parallelism_changes(spark, local_stack
         start_stream(config, extra_env={**env, "KDQ_SPARK__MASTER": master})
         expected = expected_counts(topic, truth)
         wait_for(
-            lambda: window_counts(spark, config, topic) == expected, 240, f"counts exact after crash at {point}", interval=4
+            lambda expected=expected: window_counts(spark, config, topic) == expected,
+            240,
+            f"counts exact after crash at {point}",
+            interval=4,
         )
         assert stop_stream(config, timeout=120)
 
@@ -99,7 +102,7 @@ def test_exactly_once_through_crashes_and_parallelism_changes(spark, local_stack
     metrics = latest_metrics(config)
     assert {k: v for k, v in metrics.items() if k[0] == topic} == expected
     influx = influx_points(config, topic)
-    for (t, window, status), count in expected.items():
+    for (_, window, status), count in expected.items():
         assert influx[window][0 if status == "valid" else 1] == count
 
 

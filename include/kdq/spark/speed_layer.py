@@ -43,8 +43,8 @@ from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
 from kdq.metrics_topic import ensure_metrics_topic, metrics_producer, produce_counts
 from kdq.rules import RuleSet
 from kdq.spark import transforms
-from kdq.spark.tables import ensure_tables
 from kdq.spark.ledger import BatchLedger
+from kdq.spark.tables import ensure_tables
 from kdq.spark.writers import (
     append_archive,
     append_quarantine,
