@@ -84,9 +84,8 @@ def influx_points(config: Config, measurement: str) -> dict[int, tuple[int, int]
 
 
 def window_counts(spark, config: Config, topic: str | None = None) -> dict[tuple[str, int, str], int]:
-    from pyspark.sql import functions as F
-
     from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
 
     path = config.tables_dir / "window_counts"
     if not DeltaTable.isDeltaTable(spark, str(path)):
