@@ -69,6 +69,7 @@ def run(spark, config: Config, args: argparse.Namespace, env: dict[str, str] | N
             time.sleep(0.2)
         query.stop()
     recorder.heartbeat("stopped")
+    layer.close()
     error = query.exception()
     if error is not None:
         message = str(error)

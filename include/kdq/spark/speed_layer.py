@@ -336,6 +336,12 @@ class SpeedLayer:
                 if self.on_report is not None:
                     self.on_report(report)
 
+    def close(self) -> None:
+        """Flush and drop the metrics producer (its client threads would otherwise outlive the query)."""
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
+
     def _push_influx(self, points: list[Point], report: BatchReport, batch_started_ms: int) -> bool:
         if not self.config.influxdb.enabled:
             return True

@@ -44,6 +44,20 @@ def idempotent_write(spark: SparkSession, app_id: str, version: int) -> Iterator
         spark.conf.unset(TXN_VERSION)
 
 
+def retry_on_conflict(action, attempts: int = 5) -> None:
+    """Run a Delta write again when another writer (the batch layer's corrections, maintenance)
+    committed first to the same files. Safe because every kdq write is idempotent per
+    (app id, version): a retry after a commit that did land is skipped by Delta."""
+    for attempt in range(1, attempts + 1):
+        try:
+            action()
+            return
+        except Exception as exc:  # py4j surfaces Delta's conflict exceptions generically
+            if attempt == attempts or "Concurrent" not in str(exc):
+                raise
+            time.sleep(min(0.5 * 2**attempt, 10.0))
+
+
 def _require_columns(df: DataFrame, spec: TableSpec, required: Sequence[str]) -> None:
     missing = [c for c in required if c not in df.columns]
     if missing:
@@ -106,21 +120,24 @@ def merge_window_increments(
     )
     from delta.tables import DeltaTable
 
-    target = DeltaTable.forPath(spark, table_path(config, WINDOW_COUNTS)).alias("t")
-    with idempotent_write(spark, app_id, version):
-        (
-            target.merge(source.alias("s"), condition)
-            .whenMatchedUpdate(
-                set={
-                    "count": "t.count + s.count",
-                    "updated_at": "s.updated_at",
-                    "updated_by": "s.updated_by",
-                    "rules_version": "s.rules_version",
-                }
+    def merge() -> None:
+        target = DeltaTable.forPath(spark, table_path(config, WINDOW_COUNTS)).alias("t")
+        with idempotent_write(spark, app_id, version):
+            (
+                target.merge(source.alias("s"), condition)
+                .whenMatchedUpdate(
+                    set={
+                        "count": "t.count + s.count",
+                        "updated_at": "s.updated_at",
+                        "updated_by": "s.updated_by",
+                        "rules_version": "s.rules_version",
+                    }
+                )
+                .whenNotMatchedInsertAll()
+                .execute()
             )
-            .whenNotMatchedInsertAll()
-            .execute()
-        )
+
+    retry_on_conflict(merge)
 
 
 def read_window_counts(spark: SparkSession, config: Config, keys: Sequence[tuple[str, int]]) -> list[dict]:
