@@ -34,19 +34,22 @@ def event_hour(window_start: int) -> str:
 
 
 def subscribe_pattern(include: str, exclude: str, always_excluded: tuple[str, ...] = ()) -> str:
-    """One Java regex for Kafka's subscribePattern: full-matches include and not exclude.
+    """One Java regex for Spark's subscribePattern: matches include and not exclude, whole names only.
 
-    Kafka matches the pattern against whole topic names, so the negative
-    lookahead has to be anchored with ``$`` to exclude a name, not a prefix.
+    Spark's Kafka source (admin-based offset reader) keeps a topic when the
+    regex is *found* in its name (Scala ``findFirstIn``), not when it matches
+    the whole name, so the pattern is anchored with ``^...$``; the negative
+    lookahead is anchored too, to exclude a name, not a prefix.
     ``always_excluded`` are literal names (our own output topics) excluded
     whatever the user's exclude pattern says.
     """
     excluded = [f"(?:{exclude})"] if exclude else []
     excluded += [re.escape(name) for name in always_excluded]
     if not excluded:
-        return f"(?:{include})"
-    return f"(?!(?:{'|'.join(excluded)})$)(?:{include})"
+        return f"^(?:{include})$"
+    return f"^(?!(?:{'|'.join(excluded)})$)(?:{include})$"
 
 
 def topic_selected(topic: str, include: str, exclude: str, always_excluded: tuple[str, ...] = ()) -> bool:
-    return re.fullmatch(subscribe_pattern(include, exclude, always_excluded), topic) is not None
+    # search(), as Spark does: the anchors in the pattern make it a whole-name match.
+    return re.search(subscribe_pattern(include, exclude, always_excluded), topic) is not None

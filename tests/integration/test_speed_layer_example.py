@@ -24,7 +24,11 @@ def test_orders_example_with_late_data(spark, local_stack, tmp_path) -> None:
     prefix = f"ex{tmp_path.name[-6:].replace('_', '')}"
     topic = f"{prefix}-orders"
     local_stack.kafka.create_topic(topic, partitions=3)
-    config = isolated_config(local_stack, tmp_path, prefix)
+    # Include everything and exclude other tests' topics, so the default exclusion of
+    # our own output topics (the metrics topic receives messages during this test) is exercised.
+    config = isolated_config(
+        local_stack, tmp_path, prefix, kafka={"topic_include": ".*", "topic_exclude": rf"_.*|kdq\..*|(?!{prefix}).*"}
+    )
     good = json.dumps({"id": 1}).encode()
     produce(
         config.kafka_bootstrap(),
@@ -66,6 +70,7 @@ def test_orders_example_with_late_data(spark, local_stack, tmp_path) -> None:
     late = archive.where((F.col("topic") == topic) & ~F.col("counted")).collect()
     assert [(r["partition"], r["valid"]) for r in late] == [(2, True)]
     assert archive.where(F.col("topic") == topic).count() == 10
+    assert {r["topic"] for r in archive.select("topic").distinct().collect()} == {topic}, "output topics must be excluded"
     # The late-rows metric, durably in the batch ledger (and per batch in the progress records).
     assert sum(entry["late_rows"].get(topic, 0) for entry in layer.ledger.entries()) == 1
     assert sum(report.late_rows.get(topic, 0) for report in layer.reports.values()) == 1

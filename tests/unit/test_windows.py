@@ -36,7 +36,10 @@ def test_subscribe_pattern_excludes_internal_and_own_topics() -> None:
     assert topic_selected("my-metrics-2", include, "", always_excluded=("my-metrics",))
     assert topic_selected("orders_kdq.x", include, exclude)  # exclusion is a full match, not a prefix
     assert not topic_selected("payments", "orders.*", exclude)
-    assert subscribe_pattern(".*", "") == "(?:.*)"
+    assert subscribe_pattern(".*", "") == "^(?:.*)$"
+    # Spark finds the pattern anywhere in the name: "dq.metrics" inside "kdq.metrics" must not count.
+    assert not topic_selected("kdq.metrics", include, exclude)
+    assert not topic_selected("xorders", "orders", "")
 
 
 def test_event_hour_partition_value() -> None:

@@ -1,0 +1,244 @@
+"""Archive from Kafka: load raw records of an offset or time range into the raw archive, skipping archived ones.
+
+For a new deployment (history the stream never saw) or a gap in the archive.
+The range is first **resolved to concrete offsets** per partition with the
+Kafka client (watermarks, ``offsets_for_times``), so the Spark batch Kafka
+source (``assign`` + ``startingOffsets``/``endingOffsets`` JSON) reads exactly
+that range, whatever arrives meanwhile, and the report can say per partition
+what Kafka no longer had (requested start below the earliest available offset:
+deleted by retention or ``delete_records``).
+
+Records are classified with the shared :func:`kdq.spark.transforms.classify`
+(ingest time = the job's start), archived with ``counted = false`` and
+``source = 'archive_from_kafka'``, through a Delta MERGE that only inserts
+rows whose (topic, partition, offset) is not archived yet. The MERGE match
+reads the loaded topics' rows in the loaded offset span (file skipping on the
+``offset`` statistics), not by ``event_hour``: an archived row's window may
+differ from the new classification (a rule changed since), and matching by
+partition would then duplicate it. Delta's conflict detection makes the insert
+safe against a concurrent stream append of the same records (the MERGE is
+retried); re-running the job inserts nothing.
+
+The hourly recompute (``spark_jobs/batch_recompute.py``) then counts the
+loaded windows: it recomputes every window with archive rows ingested in its
+interval whose ``source`` is not ``stream``. Run it for the interval that
+contains this job's run (the report's ``ingest_time``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from kdq.config import Config
+from kdq.rules import RuleSet
+from kdq.spark import batch_layer as bl
+from kdq.spark import transforms
+from kdq.spark.tables import ensure_tables, table_path
+from kdq.spark.writers import now_ms
+from kdq.tables import RAW_ARCHIVE
+from kdq.windows import topic_selected
+
+log = logging.getLogger("kdq.backfill")
+
+SOURCE = "archive_from_kafka"
+EARLIEST, LATEST = -2, -1
+
+
+def _consumer(config: Config):
+    from confluent_kafka import Consumer
+
+    return Consumer({**config.kafka_client_conf(), "group.id": "kdq-archive-from-kafka", "enable.auto.commit": False})
+
+
+def list_topics(config: Config, topics: Sequence[str] | None = None, pattern: str | None = None) -> list[str]:
+    """The explicit ``topics``, or every topic of the cluster matching ``pattern`` (default: the stream's
+    include/exclude settings, never internal or kdq's own output topics)."""
+    if topics:
+        return sorted(set(topics))
+    consumer = _consumer(config)
+    try:
+        names = consumer.list_topics(timeout=15).topics
+    finally:
+        consumer.close()
+    kafka = config.kafka
+    if pattern:
+        return sorted(t for t in names if re.fullmatch(pattern, t) and not t.startswith("_"))
+    return sorted(t for t in names if topic_selected(t, kafka.topic_include, kafka.topic_exclude, (kafka.metrics_topic,)))
+
+
+def _bound(spec: Any, topic: str, partition: int, low: int, high: int, by_time: dict) -> int:
+    """One end of the range for one partition: 'earliest'/'latest', a JSON offsets object, or epoch millis."""
+    if spec in (None, "earliest"):
+        return low
+    if spec == "latest":
+        return high
+    if isinstance(spec, int):  # a time: the first offset at or after it (none: the end)
+        offset = by_time.get((topic, partition), -1)
+        return high if offset < 0 else offset
+    value = spec.get(topic, {}).get(str(partition))
+    if value is None or value == EARLIEST:
+        return low
+    if value == LATEST:
+        return high
+    return int(value)
+
+
+def resolve_ranges(
+    config: Config,
+    topics: Sequence[str],
+    start: str | int | dict | None = "earliest",
+    end: str | int | dict | None = "latest",
+) -> list[dict]:
+    """Per partition: requested [start, end), Kafka's [earliest, latest), and the part Kafka no longer has.
+
+    ``start``/``end``: 'earliest'/'latest', a dict (or JSON text) like Spark's
+    ``{"topic": {"0": 42}}`` (-2 earliest, -1 latest), or epoch millis (record time).
+    """
+    from confluent_kafka import TopicPartition
+
+    start = json.loads(start) if isinstance(start, str) and start.startswith("{") else start
+    end = json.loads(end) if isinstance(end, str) and end.startswith("{") else end
+    consumer = _consumer(config)
+    try:
+        metadata = consumer.list_topics(timeout=15).topics
+        partitions = [
+            (t, p) for t in topics if t in metadata and metadata[t].error is None for p in sorted(metadata[t].partitions)
+        ]
+        watermarks = {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=15) for tp in partitions}
+        by_time: dict = {}
+        for which, spec in (("start", start), ("end", end)):
+            if isinstance(spec, int) and partitions:
+                found = consumer.offsets_for_times([TopicPartition(t, p, spec) for t, p in partitions], timeout=15)
+                by_time[which] = {(tp.topic, tp.partition): tp.offset for tp in found}
+    finally:
+        consumer.close()
+    ranges = []
+    for topic, partition in partitions:
+        low, high = watermarks[(topic, partition)]
+        s = _bound(start, topic, partition, low, high, by_time.get("start", {}))
+        e = min(_bound(end, topic, partition, low, high, by_time.get("end", {})), high)
+        ranges.append(
+            {
+                "topic": topic,
+                "partition": partition,
+                "requested_start": s,
+                "requested_end": e,
+                "kafka_earliest": low,
+                "kafka_latest": high,
+                "start": max(s, low),
+                "end": e,
+                # Offsets requested but gone from Kafka (retention, delete_records): [from, to).
+                "missing_in_kafka": [s, min(low, e)] if s < low and s < e else None,
+            }
+        )
+    return ranges
+
+
+def read_kafka_range(spark: SparkSession, config: Config, ranges: Sequence[dict]) -> DataFrame | None:
+    """The records of the resolved ranges with Spark's batch Kafka source (None: nothing to read)."""
+    todo = [r for r in ranges if r["start"] < r["end"]]
+    if not todo:
+        return None
+    assign: dict[str, list[int]] = {}
+    starting: dict[str, dict[str, int]] = {}
+    ending: dict[str, dict[str, int]] = {}
+    for r in todo:
+        assign.setdefault(r["topic"], []).append(r["partition"])
+        starting.setdefault(r["topic"], {})[str(r["partition"])] = r["start"]
+        ending.setdefault(r["topic"], {})[str(r["partition"])] = r["end"]
+    reader = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", config.kafka_bootstrap())
+        .option("assign", json.dumps(assign))
+        .option("startingOffsets", json.dumps(starting))
+        .option("endingOffsets", json.dumps(ending))
+        # Records deleted between resolving and reading are reported by a re-run, not fatal.
+        .option("failOnDataLoss", "false")
+        .option("kafka.max.partition.fetch.bytes", str(config.kafka.max_message_bytes))
+    )
+    for key, value in config.kafka.client.items():
+        reader = reader.option(f"kafka.{key}", value)
+    return reader.load()
+
+
+def archive_records(
+    spark: SparkSession, config: Config, records: DataFrame, rules: RuleSet, ingest_ms: int, run_id: str
+) -> dict[str, int]:
+    """Classify Kafka records and insert those not archived yet; returns {"read", "loaded", "skipped"}."""
+    from delta.tables import DeltaTable
+
+    classified = transforms.classify(records, rules, config.stream, ingest_ms).select(
+        *transforms.CLASSIFIED_COLUMNS,
+        F.lit(False).alias("counted"),
+        F.lit(int(ingest_ms)).cast("bigint").alias("batch_id"),
+        F.lit(SOURCE).alias("source"),
+    ).select(*RAW_ARCHIVE.column_names)
+    span = records.groupBy("topic").agg(F.min("offset").alias("lo"), F.max("offset").alias("hi"), F.count("*").alias("n")).collect()
+    read = sum(int(r["n"]) for r in span)
+    if not read:
+        return {"read": 0, "loaded": 0, "skipped": 0}
+    bounds = " OR ".join(
+        f"(t.topic = '{r['topic']}' AND t.offset BETWEEN {int(r['lo'])} AND {int(r['hi'])})" for r in span
+    )
+    condition = f"({bounds}) AND t.topic = s.topic AND t.partition = s.partition AND t.offset = s.offset"
+    metadata = f"kdq-archive-from-kafka {run_id}"
+    path = table_path(config, RAW_ARCHIVE)
+    for attempt in range(1, bl._MAX_ATTEMPTS + 1):
+        spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", metadata)
+        try:
+            DeltaTable.forPath(spark, path).alias("t").merge(classified.alias("s"), condition).whenNotMatchedInsertAll().execute()
+            break
+        except Exception as exc:
+            if attempt == bl._MAX_ATTEMPTS or not bl._is_conflict(exc):
+                raise
+            log.warning("archive insert conflicted with a concurrent commit (attempt %d): %s", attempt, str(exc)[:300])
+            time.sleep(min(2.0 * attempt, 10.0))
+        finally:
+            spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+    history = DeltaTable.forPath(spark, path).history(20).where(F.col("userMetadata") == metadata).first()
+    loaded = int((history["operationMetrics"] or {}).get("numTargetRowsInserted", 0)) if history else 0
+    return {"read": read, "loaded": loaded, "skipped": read - loaded}
+
+
+def archive_from_kafka(
+    spark: SparkSession,
+    config: Config,
+    rules: RuleSet,
+    topics: Sequence[str] | None = None,
+    pattern: str | None = None,
+    start: str | int | dict | None = "earliest",
+    end: str | int | dict | None = "latest",
+    run_id: str = "archive-from-kafka",
+) -> dict[str, Any]:
+    """Resolve, read, classify and insert; the JSON-able report (see the module doc)."""
+    ensure_tables(spark, config)
+    ingest_ms = now_ms()
+    names = list_topics(config, topics, pattern)
+    ranges = resolve_ranges(config, names, start, end)
+    records = read_kafka_range(spark, config, ranges)
+    counts = {"read": 0, "loaded": 0, "skipped": 0}
+    if records is not None:
+        counts = archive_records(spark, config, records, rules, ingest_ms, run_id)
+    missing = [
+        {"topic": r["topic"], "partition": r["partition"], "from_offset": r["missing_in_kafka"][0], "to_offset": r["missing_in_kafka"][1]}
+        for r in ranges
+        if r["missing_in_kafka"]
+    ]
+    return {
+        "run_id": run_id,
+        "topics": names,
+        "ingest_time_ms": ingest_ms,
+        "rows_read": counts["read"],
+        "rows_loaded": counts["loaded"],
+        "rows_skipped_already_archived": counts["skipped"],
+        "missing_in_kafka": missing,
+        "partitions": ranges,
+    }

@@ -1,0 +1,427 @@
+"""Rebuild: re-classify archived records with the *current* rules and correct their windows.
+
+After a rule change (or a bug fix in the classifier) the stored counts were
+computed with another rules version. A rebuild covers a window range
+``[from, to)`` of event time and a set of topics (default: every topic):
+
+1. :func:`rebuild_selection` — every archive row whose ``window_start`` is in
+   the range, read from the range's ``event_hour`` partitions only.
+2. :func:`reclassify` — the same :func:`kdq.spark.transforms.classify` the
+   stream uses, on the archived raw key/value, with the archived
+   ``ingest_time`` as ingest time (so ``future_timestamp`` is judged exactly as
+   when the record arrived).
+3. :func:`rebuild_counts` — absolute counts of the union of the old windows,
+   the new windows (a changed event-time field can move a record to another
+   window, possibly outside the range: such a window is recounted from its own
+   archived rows plus the records that moved into it) and the windows
+   ``window_counts`` holds in the range (a count the archive no longer
+   supports goes to 0).
+4. :func:`apply_rebuild` — MERGEs the differences into ``window_counts``
+   (``updated_by = 'batch'``), one ``corrections`` row per changed (topic,
+   window, status) with reason ``rule_change`` when the window's stored
+   ``rules_version`` differs from the new one, else ``rebuild``. Windows whose
+   counts are unchanged but whose ``rules_version`` is stale get the new
+   version (no correction row: no number changed). Guarded by Delta's
+   idempotent writes under app id ``kdq-rebuild-<from>-<to>``, the same
+   protocol as :func:`kdq.spark.batch_layer.apply_corrections`.
+5. :func:`update_archive` — the archive rows whose classification changed
+   get the new ``event_time``, ``window_start``, ``event_hour``, ``valid``,
+   ``reason`` and ``rules_version`` (a Delta MERGE on (topic, partition,
+   offset) restricted to the range's ``event_hour`` partitions). This keeps
+   the hourly recompute (which counts the archived ``valid`` flag) and the
+   reconciliation check consistent with the rebuilt counts. The raw key,
+   value, offsets, ``ingest_time``, ``counted`` and ``source`` never change.
+   It runs *after* the counts: if the job dies in between, running it again
+   re-selects the same records, finds the counts already equal, and finishes
+   the archive update.
+
+**Rebuild closed windows only.** Like the hourly recompute, a rebuild sets
+absolute counts; a window the speed layer may still increment (newer than the
+topic's watermark minus ``stream.allowed_lateness_seconds``) could race with a
+micro-batch. Rebuild ranges older than the allowed lateness (the stream keeps
+counting newer windows with the current rules anyway, once restarted with them).
+Both Delta MERGEs retry on a conflicting concurrent commit.
+
+**Cost.** The range's archive partitions are read (twice: counts, then the
+archive update); the touched windows' keys and counts are collected on the
+driver (two rows per window at most), so very long ranges of 1-second windows
+are best split (e.g. one day per run).
+
+The corrections of a rebuild are recorded with ``interval_start = from`` and
+``interval_end = to``; corrected windows are pushed to the metrics topic and
+InfluxDB with :func:`kdq.spark.batch_layer.push_corrections`.
+
+Finding stale windows after a rule change (``<current>`` is the topic's
+version, :meth:`kdq.rules.RuleSet.version_for` of the loaded rules)::
+
+    SELECT topic, MIN(window_start) AS first_stale, MAX(window_start) AS last_stale, COUNT(*) AS rows
+    FROM kdq.window_counts
+    WHERE topic = 'orders' AND rules_version <> '<current>'
+    GROUP BY topic;
+
+then rebuild that range::
+
+    spark-submit spark_jobs/rebuild.py --from <first_stale> --to <last_stale + window> --topics orders
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from kdq.config import Config
+from kdq.intervals import HOUR_MS, iso
+from kdq.rules import RuleSet
+from kdq.spark import batch_layer as bl
+from kdq.spark import transforms
+from kdq.spark.tables import table_path
+from kdq.spark.writers import _date_literal, _ts_literal
+from kdq.tables import CORRECTIONS, RAW_ARCHIVE, WINDOW_COUNTS
+from kdq.windows import event_hour
+
+log = logging.getLogger("kdq.rebuild")
+
+REBUILD = "rebuild"
+RULE_CHANGE = "rule_change"
+_DAY_MS = 86_400_000
+_RECLASSIFIED = ("event_time", "window_start", "valid", "reason", "rules_version", "event_hour")
+
+
+def rebuild_app_id(from_ms: int, to_ms: int) -> str:
+    return f"kdq-rebuild-{int(from_ms)}-{int(to_ms)}"
+
+
+def range_hours(from_ms: int, to_ms: int) -> list[str]:
+    """``event_hour`` partition values of every window starting in [from, to)."""
+    first = from_ms // HOUR_MS * HOUR_MS
+    return [event_hour(ms) for ms in range(first, to_ms, HOUR_MS)]
+
+
+def range_dates(from_ms: int, to_ms: int) -> list[str]:
+    first = from_ms // _DAY_MS * _DAY_MS
+    return [_date_literal(ms) for ms in range(first, to_ms, _DAY_MS)]
+
+
+def _ts(ms: int):
+    return F.timestamp_millis(F.lit(int(ms)))
+
+
+def _topic_filter(topics: Sequence[str] | None):
+    return F.lit(True) if not topics else F.col("topic").isin(list(topics))
+
+
+def rebuild_selection(archive_df: DataFrame, from_ms: int, to_ms: int, topics: Sequence[str] | None) -> DataFrame:
+    """Archive rows of the windows in [from, to) of the given topics (only the range's partitions are read)."""
+    return (
+        archive_df.where(F.col("event_hour").isin(range_hours(from_ms, to_ms)))
+        .where((F.col("window_start") >= _ts(from_ms)) & (F.col("window_start") < _ts(to_ms)))
+        .where(_topic_filter(topics))
+    )
+
+
+def reclassify(selected: DataFrame, rules: RuleSet, config: Config) -> DataFrame:
+    """Archive rows → classified rows with the current rules (classify's columns plus counted, source)."""
+    records = selected.select(
+        "topic", "partition", "offset", F.col("kafka_timestamp").alias("timestamp"), "key", "value", "ingest_time"
+    )
+    return transforms.classify(records, rules, config.stream, F.col("ingest_time"))
+
+
+def rebuild_counts(
+    spark: SparkSession,
+    config: Config,
+    archive_df: DataFrame,
+    selected: DataFrame,
+    reclassified: DataFrame,
+    from_ms: int,
+    to_ms: int,
+    topics: Sequence[str] | None,
+) -> tuple[list[dict], list[tuple[str, int]]]:
+    """Absolute counts of every window the rebuild touches (see module doc), collected:
+    (rows of topic, w (window start millis), status, count, rules_version; the (topic, w) windows)."""
+    in_range = (F.col("window_start") >= _ts(from_ms)) & (F.col("window_start") < _ts(to_ms))
+    stored = (
+        spark.read.format("delta")
+        .load(table_path(config, WINDOW_COUNTS))
+        .where(f"window_date IN ({', '.join(range_dates(from_ms, to_ms))})")
+        .where(in_range & _topic_filter(topics))
+        .select("topic", "window_start")
+    )
+    windows = (
+        selected.select("topic", "window_start")
+        .union(reclassified.select("topic", "window_start"))
+        .union(stored)
+        .distinct()
+        .persist()
+    )
+    try:
+        outside = windows.where(~in_range)
+        rows = reclassified.select("topic", "window_start", "valid", "rules_version")
+        if outside.limit(1).count():
+            # Windows outside the range that records moved into: their own archived rows count as archived.
+            others = bl.archive_rows_of(archive_df, outside).where(~in_range)
+            rows = rows.unionByName(others.select("topic", "window_start", "valid", "rules_version"))
+        counts = transforms.count_windows(rows, config.stream)
+        new = [
+            r.asDict()
+            for r in counts.select("topic", F.unix_millis("window_start").alias("w"), "status", "count", "rules_version").collect()
+        ]
+        keys = [(r["topic"], int(r["w"])) for r in windows.select("topic", F.unix_millis("window_start").alias("w")).collect()]
+        return new, keys
+    finally:
+        windows.unpersist()
+
+
+def _diff(
+    spark: SparkSession,
+    config: Config,
+    counts: list[dict],
+    windows: list[tuple[str, int]],
+    rules: RuleSet,
+    from_ms: int,
+    to_ms: int,
+) -> tuple[list[dict], list[dict]]:
+    """(count changes, version-only changes) for every (window, status) of ``windows``."""
+    if not windows:
+        return [], []
+    size_ms = config.stream.window_seconds * 1000
+    keys = sorted(set(windows))
+    new = {(r["topic"], int(r["w"]), r["status"]): (int(r["count"]), r["rules_version"]) for r in counts}
+    wanted = spark.createDataFrame(keys, "topic STRING, w BIGINT").select("topic", F.timestamp_millis("w").alias("window_start"))
+    dates = sorted({_date_literal(w) for _, w in keys})
+    lo, hi = min(w for _, w in keys), max(w for _, w in keys)
+    old_rows = (
+        spark.read.format("delta")
+        .load(table_path(config, WINDOW_COUNTS))
+        .where(f"window_date IN ({', '.join(dates)})")
+        .where(f"window_start BETWEEN {_ts_literal(lo)} AND {_ts_literal(hi)}")
+        .join(F.broadcast(wanted), ["topic", "window_start"], "left_semi")
+        .select("topic", F.unix_millis("window_start").alias("w"), "status", "count", "rules_version")
+        .collect()
+    )
+    old = {(r["topic"], r["w"], r["status"]): (int(r["count"]), r["rules_version"]) for r in old_rows}
+    changed: list[dict] = []
+    version_only: list[dict] = []
+
+    def versions(topic: str, w: int) -> tuple[set, str]:
+        stored = {old[(topic, w, s)][1] for s in bl.STATUSES if (topic, w, s) in old}
+        if stored and not from_ms <= w < to_ms:
+            # Outside the range, a window that records moved into keeps rows classified with the
+            # stored rules: it keeps the stored version, so it still shows as stale until rebuilt.
+            return stored, max(stored)
+        return stored, rules.version_for(topic)
+
+    # A window with no stored row, or outside the range (records moved into it), changed because
+    # of the rules when its topic's windows in range did.
+    stale_topics = {t for t, w in keys if from_ms <= w < to_ms and (v := versions(t, w))[0] and v[0] != {v[1]}}
+    for topic, w in keys:
+        stored_versions, new_version = versions(topic, w)
+        if stored_versions and from_ms <= w < to_ms:
+            stale = stored_versions != {new_version}
+        else:
+            stale = topic in stale_topics
+        for status in bl.STATUSES:
+            old_count, old_version = old.get((topic, w, status), (0, None))
+            new_count = new.get((topic, w, status), (0, new_version))[0]
+            row = {
+                "topic": topic,
+                "window_start_ms": w,
+                "window_end_ms": w + size_ms,
+                "status": status,
+                "old_count": old_count,
+                "new_count": new_count,
+                "rules_version": new_version,
+                "reason": RULE_CHANGE if stale else REBUILD,
+            }
+            if old_count != new_count:
+                changed.append(row)
+            elif old_count > 0 and old_version != new_version:
+                version_only.append(row)
+    return changed, version_only
+
+
+def _latest_recorded(spark: SparkSession, config: Config, interval: tuple[int, int]) -> set[tuple]:
+    rows = (
+        spark.read.format("delta")
+        .load(table_path(config, CORRECTIONS))
+        .where((F.col("interval_start") == _ts(interval[0])) & (F.col("interval_end") == _ts(interval[1])))
+        .where(F.col("reason").isin(REBUILD, RULE_CHANGE))
+        .select("topic", F.unix_millis("window_start").alias("w"), "status", "old_count", "new_count",
+                F.unix_millis("corrected_at").alias("at"))
+        .collect()
+    )
+    if not rows:
+        return set()
+    latest = max(r["at"] for r in rows)
+    return {(r["topic"], r["w"], r["status"], r["old_count"], r["new_count"]) for r in rows if r["at"] == latest}
+
+
+def _append_corrections(
+    spark: SparkSession, config: Config, changed: Sequence[dict], run_id: str, interval: tuple[int, int], app_id: str, version: int
+) -> None:
+    df = spark.createDataFrame(
+        [(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"], r["reason"]) for r in changed],
+        "topic STRING, window_start_ms BIGINT, status STRING, old_count BIGINT, new_count BIGINT, reason STRING",
+    )
+    (
+        df.select(
+            "topic",
+            F.timestamp_millis("window_start_ms").alias("window_start"),
+            "status",
+            "old_count",
+            "new_count",
+            _ts(interval[0]).alias("interval_start"),
+            _ts(interval[1]).alias("interval_end"),
+            F.lit(run_id).alias("run_id"),
+            "reason",
+            F.current_timestamp().alias("corrected_at"),
+        )
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", version)
+        .save(table_path(config, CORRECTIONS))
+    )
+
+
+def apply_rebuild(
+    spark: SparkSession,
+    config: Config,
+    changed: list[dict],
+    version_only: list[dict],
+    run_id: str,
+    interval: tuple[int, int],
+) -> None:
+    """Record ``changed`` in corrections, then MERGE changed and version-only rows, once per version."""
+    if not changed and not version_only:
+        return
+    app_id = rebuild_app_id(*interval)
+    for attempt in range(1, bl._MAX_ATTEMPTS + 1):
+        try:
+            vc = bl._txn_version(spark, table_path(config, CORRECTIONS), app_id)
+            vw = bl._txn_version(spark, table_path(config, WINDOW_COUNTS), app_id)
+            version = max(vc, vw) + 1
+            if vc > vw:
+                wanted = {(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed}
+                if _latest_recorded(spark, config, interval) == wanted:
+                    version = vc  # corrections already recorded by an interrupted run: Delta skips them
+            if changed:
+                _append_corrections(spark, config, changed, run_id, interval, app_id, version)
+            rows = [dict(r, new_count=r["new_count"]) for r in changed + version_only]
+            bl._merge_absolute(spark, config, rows, app_id, version)
+            return
+        except Exception as exc:
+            if attempt == bl._MAX_ATTEMPTS or not bl._is_conflict(exc):
+                raise
+            log.warning("rebuild conflicted with a concurrent commit (attempt %d): %s", attempt, str(exc)[:300])
+            time.sleep(min(2.0 * attempt, 10.0))
+
+
+def update_archive(
+    spark: SparkSession,
+    config: Config,
+    rules: RuleSet,
+    from_ms: int,
+    to_ms: int,
+    topics: Sequence[str] | None,
+) -> int:
+    """Write the new classification of changed rows into the archive; returns how many rows changed.
+
+    The MERGE source is built from a fresh, uncached read (Delta refuses a
+    source whose plan's caching changes while the MERGE runs).
+    """
+    from delta.tables import DeltaTable
+
+    keys = ["topic", "partition", "offset"]
+    selected = rebuild_selection(spark.read.format("delta").load(table_path(config, RAW_ARCHIVE)), from_ms, to_ms, topics)
+    old = selected.select(*keys, *[F.col(c).alias(f"old_{c}") for c in _RECLASSIFIED])
+    differs = " OR ".join(f"NOT (old_{c} <=> {c})" for c in _RECLASSIFIED)
+    source = reclassify(selected, rules, config).select(*keys, *_RECLASSIFIED).join(old, keys).where(differs)
+    source = source.select(*keys, *_RECLASSIFIED)
+    n = source.count()
+    if not n:
+        return 0
+    hours = ", ".join(f"'{h}'" for h in range_hours(from_ms, to_ms))
+    condition = (
+        f"t.event_hour IN ({hours}) AND t.window_start >= {_ts_literal(from_ms)} AND t.window_start < {_ts_literal(to_ms)} "
+        "AND t.topic = s.topic AND t.partition = s.partition AND t.offset = s.offset"
+    )
+    for attempt in range(1, bl._MAX_ATTEMPTS + 1):
+        try:
+            (
+                DeltaTable.forPath(spark, table_path(config, RAW_ARCHIVE))
+                .alias("t")
+                .merge(source.alias("s"), condition)
+                .whenMatchedUpdate(set={c: f"s.{c}" for c in _RECLASSIFIED})
+                .execute()
+            )
+            return n
+        except Exception as exc:
+            if attempt == bl._MAX_ATTEMPTS or not bl._is_conflict(exc):
+                raise
+            log.warning("archive update conflicted (attempt %d): %s", attempt, str(exc)[:300])
+            time.sleep(min(2.0 * attempt, 10.0))
+    raise AssertionError("unreachable")
+
+
+def rebuild(
+    spark: SparkSession,
+    config: Config,
+    rules: RuleSet,
+    from_ms: int,
+    to_ms: int,
+    topics: Sequence[str] | None = None,
+    run_id: str = "rebuild",
+    push: bool = True,
+    update_archive_rows: bool = True,
+) -> dict[str, Any]:
+    """Rebuild windows [from, to) of ``topics`` (None: all) with ``rules``; returns a summary dict."""
+    if from_ms >= to_ms:
+        raise ValueError(f"rebuild range start ({from_ms}) must be before its end ({to_ms})")
+    from kdq.spark.tables import ensure_tables
+
+    ensure_tables(spark, config)
+    interval = (int(from_ms), int(to_ms))
+    archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
+    selected = rebuild_selection(archive, from_ms, to_ms, topics).persist()
+    try:
+        reclassified = reclassify(selected, rules, config).persist()
+        try:
+            counts, windows = rebuild_counts(spark, config, archive, selected, reclassified, from_ms, to_ms, topics)
+            changed, version_only = _diff(spark, config, counts, windows, rules, from_ms, to_ms)
+            apply_rebuild(spark, config, changed, version_only, run_id, interval)
+            summary: dict[str, Any] = {
+                "run_id": run_id,
+                "from": iso(from_ms),
+                "to": iso(to_ms),
+                "topics": list(topics) if topics else "all",
+                "archive_rows": selected.count(),
+                "windows": len(windows),
+                "corrections": len(changed),
+                "rule_change": sum(1 for r in changed if r["reason"] == RULE_CHANGE),
+                "version_only": len(version_only),
+                "changes": [
+                    {k: r[k] for k in ("topic", "window_start_ms", "status", "old_count", "new_count", "reason")}
+                    for r in changed[:100]
+                ],
+                "ok": True,
+            }
+        finally:
+            reclassified.unpersist()
+    finally:
+        selected.unpersist()
+    # After the counts (see the module doc), and with nothing of this rebuild cached any more.
+    summary["archive_rows_updated"] = update_archive(spark, config, rules, from_ms, to_ms, topics) if update_archive_rows else None
+    if push:
+        keys = [(r["topic"], r["window_start_ms"], r["status"]) for r in changed]
+        # Every window a rebuild of this range ever corrected: a run whose push failed is fixed by re-running.
+        keys += bl.interval_corrections(spark, config, interval)
+        pushed = bl.push_corrections(spark, config, keys)
+        summary["push"] = pushed
+        summary["ok"] = bool(pushed["influx_ok"])
+    return summary

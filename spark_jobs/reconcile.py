@@ -1,0 +1,237 @@
+"""Reconciliation check: does the archive hold every Kafka offset, and do window_counts match the archive?
+
+    spark-submit spark_jobs/reconcile.py [--config kdq.toml] [--topics a,b | --pattern 're'] \
+        [--from 2023-11-14T22:00:00Z --to 2023-11-14T23:00:00Z]
+
+Two checks, one JSON report on stdout, exit 1 when either finds a problem
+(a failed Airflow task):
+
+* **Offsets**, per partition: the time range (Kafka record time) is resolved
+  to an offset range ``[first, end)`` with the Kafka client
+  (``offsets_for_times``, watermarks; without a range: everything Kafka still
+  has). The archive's offsets of that range are compared with it: archived
+  count, duplicates, and every **gap** (missing offsets ``[from, to]``,
+  inclusive). Run it on a range the stream has finished (like the hourly
+  recompute): offsets the stream has not reached yet show as a trailing gap.
+  Offsets are assumed contiguous, which holds for non-transactional producers
+  on non-compacted topics (transaction markers and compaction leave
+  legitimate holes).
+* **Counts**: ``window_counts`` vs absolute counts recomputed from every
+  archive row (counted or not, like the batch layer) for windows starting in
+  the range (event time; the Kafka time of the range when no event-time field
+  is configured). Every (topic, window, status) that differs is a mismatch
+  (the first 100 are listed).
+
+Reads only the ``topic``/``partition``/``offset`` columns of the archive for
+the offset check, and the range's ``event_hour`` partitions for the counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from kdq.config import Config, load_config
+from kdq.intervals import iso, parse_time_ms
+
+log = logging.getLogger("kdq.reconcile")
+
+MAX_LISTED = 100
+
+
+def _time_arg(text: str) -> int:
+    try:
+        return parse_time_ms(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="reconcile", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="kdq config file (default: $KDQ_CONFIG or kdq.toml)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--topics", type=lambda s: [t.strip() for t in s.split(",") if t.strip()], help="comma-separated topics")
+    which.add_argument("--pattern", help="regex (full match) over topic names; default: kafka.topic_include/exclude")
+    parser.add_argument("--from", dest="from_ms", type=_time_arg, help="range start (inclusive); default: everything")
+    parser.add_argument("--to", dest="to_ms", type=_time_arg, help="range end (exclusive); default: everything")
+    args = parser.parse_args(argv)
+    if (args.from_ms is None) != (args.to_ms is None):
+        parser.error("--from and --to go together")
+    if args.from_ms is not None and args.from_ms >= args.to_ms:
+        parser.error("--from must be before --to")
+    return args
+
+
+def offset_gaps(spark, config: Config, ranges: list[dict]) -> list[dict]:
+    """Per partition: expected offset range, archived count, duplicates and gaps ([from, to] inclusive)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from kdq.spark.tables import table_path
+    from kdq.tables import RAW_ARCHIVE
+
+    todo = [r for r in ranges if r["start"] < r["end"]]
+    result = {
+        (r["topic"], r["partition"]): {
+            "topic": r["topic"],
+            "partition": r["partition"],
+            "first_offset": r["start"],
+            "end_offset": r["end"],
+            "expected": max(r["end"] - r["start"], 0),
+            "archived": 0,
+            "duplicates": 0,
+            "gaps": [],
+            "missing": 0,
+        }
+        for r in ranges
+    }
+    if todo:
+        bounds = spark.createDataFrame(
+            [(r["topic"], r["partition"], r["start"], r["end"]) for r in todo], "topic STRING, partition INT, lo BIGINT, hi BIGINT"
+        )
+        archived = (
+            spark.read.format("delta")
+            .load(table_path(config, RAW_ARCHIVE))
+            .where(F.col("topic").isin(sorted({r["topic"] for r in todo})))
+            .select("topic", "partition", "offset")
+            .join(F.broadcast(bounds), ["topic", "partition"])
+            .where((F.col("offset") >= F.col("lo")) & (F.col("offset") < F.col("hi")))
+        ).persist()
+        try:
+            for row in archived.groupBy("topic", "partition").agg(
+                F.count("*").alias("n"), F.countDistinct("offset").alias("d")
+            ).collect():
+                entry = result[(row["topic"], row["partition"])]
+                entry["archived"] = int(row["d"])
+                entry["duplicates"] = int(row["n"]) - int(row["d"])
+            # Interior gaps: consecutive distinct offsets more than 1 apart; edges against [lo, hi).
+            distinct = archived.select("topic", "partition", "offset", "lo", "hi").distinct()
+            order = Window.partitionBy("topic", "partition").orderBy("offset")
+            with_prev = distinct.select(
+                "*",
+                F.lag("offset").over(order).alias("prev"),
+                F.lead("offset").over(order).alias("next"),
+            )
+            gaps = with_prev.select(
+                "topic",
+                "partition",
+                F.explode(
+                    F.array(
+                        F.when(F.col("prev").isNull() & (F.col("offset") > F.col("lo")), F.array(F.col("lo"), F.col("offset") - 1)),
+                        F.when(F.col("offset") - F.col("prev") > 1, F.array(F.col("prev") + 1, F.col("offset") - 1)),
+                        F.when(F.col("next").isNull() & (F.col("offset") < F.col("hi") - 1), F.array(F.col("offset") + 1, F.col("hi") - 1)),
+                    )
+                ).alias("gap"),
+            ).where(F.col("gap").isNotNull())
+            for row in gaps.orderBy("topic", "partition", F.col("gap")[0]).limit(10 * MAX_LISTED).collect():
+                result[(row["topic"], row["partition"])]["gaps"].append([int(row["gap"][0]), int(row["gap"][1])])
+        finally:
+            archived.unpersist()
+    for entry in result.values():
+        entry["missing"] = entry["expected"] - entry["archived"]
+        if entry["expected"] and not entry["archived"]:
+            entry["gaps"] = [[entry["first_offset"], entry["end_offset"] - 1]]
+        entry["gaps"] = entry["gaps"][:MAX_LISTED]
+    return sorted(result.values(), key=lambda e: (e["topic"], e["partition"]))
+
+
+def count_mismatches(spark, config: Config, topics: list[str], from_ms: int | None, to_ms: int | None) -> tuple[int, list[dict]]:
+    """(number of differing (topic, window, status), the first MAX_LISTED) between window_counts and the archive."""
+    from pyspark.sql import functions as F
+
+    from kdq.spark import transforms
+    from kdq.spark.rebuild import range_dates, range_hours
+    from kdq.spark.tables import table_path
+    from kdq.tables import RAW_ARCHIVE, WINDOW_COUNTS
+
+    if not topics:
+        return 0, []
+    archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE)).where(F.col("topic").isin(topics))
+    stored = spark.read.format("delta").load(table_path(config, WINDOW_COUNTS)).where(F.col("topic").isin(topics))
+    if from_ms is not None:
+        in_range = (F.col("window_start") >= F.timestamp_millis(F.lit(from_ms))) & (
+            F.col("window_start") < F.timestamp_millis(F.lit(to_ms))
+        )
+        archive = archive.where(F.col("event_hour").isin(range_hours(from_ms, to_ms))).where(in_range)
+        stored = stored.where(f"window_date IN ({', '.join(range_dates(from_ms, to_ms))})").where(in_range)
+    recomputed = transforms.count_windows(archive.drop("counted"), config.stream).select(
+        "topic", "window_start", "status", F.col("count").alias("archive_count")
+    )
+    joined = (
+        stored.select("topic", "window_start", "status", F.col("count").alias("table_count"))
+        .join(recomputed, ["topic", "window_start", "status"], "full_outer")
+        .select(
+            "topic",
+            F.unix_millis("window_start").alias("window_start_ms"),
+            "status",
+            F.coalesce("table_count", F.lit(0)).alias("window_counts"),
+            F.coalesce("archive_count", F.lit(0)).alias("archive"),
+        )
+        .where(F.col("window_counts") != F.col("archive"))
+    ).persist()
+    try:
+        total = joined.count()
+        listed = [r.asDict() for r in joined.orderBy("topic", "window_start_ms", "status").limit(MAX_LISTED).collect()]
+    finally:
+        joined.unpersist()
+    return total, listed
+
+
+def run(spark, config: Config, args: argparse.Namespace) -> dict:
+    """Both checks in an existing session; returns (and prints) the report; ``ok`` is false on any problem."""
+    from kdq.spark.backfill import list_topics, resolve_ranges
+    from kdq.spark.tables import ensure_tables
+
+    started = time.monotonic()
+    ensure_tables(spark, config)
+    from_ms, to_ms = getattr(args, "from_ms", None), getattr(args, "to_ms", None)
+    topics = list_topics(config, getattr(args, "topics", None), getattr(args, "pattern", None))
+    if from_ms is None:
+        ranges = resolve_ranges(config, topics, "earliest", "latest")
+    else:
+        ranges = resolve_ranges(config, topics, int(from_ms), int(to_ms))
+    partitions = offset_gaps(spark, config, ranges)
+    total, mismatches = count_mismatches(spark, config, topics, from_ms, to_ms)
+    problems = [p for p in partitions if p["gaps"] or p["duplicates"]]
+    report = {
+        "from": iso(from_ms) if from_ms is not None else None,
+        "to": iso(to_ms) if to_ms is not None else None,
+        "topics": topics,
+        "partitions_checked": len(partitions),
+        "partitions_with_gaps": len([p for p in partitions if p["gaps"]]),
+        "missing_offsets": sum(p["missing"] for p in partitions),
+        "duplicate_offsets": sum(p["duplicates"] for p in partitions),
+        "count_mismatches": total,
+        "mismatches": mismatches,
+        "problems": problems[:MAX_LISTED],
+        "partitions": partitions,
+        "ok": not problems and total == 0,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    print(json.dumps(report, default=str), flush=True)
+    return report
+
+
+def exit_code(report: dict) -> int:
+    return 0 if report["ok"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    config = load_config(args.config)
+    from kdq.spark.session import build_session
+
+    spark = build_session(config, app_name="kdq-reconcile")
+    try:
+        return exit_code(run(spark, config, args))
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
