@@ -96,6 +96,10 @@ def _catch_up(config: Config, args: argparse.Namespace) -> int:
     return _submit(config, "influx_catch_up", job_args)
 
 
+def _job(config: Config, args: argparse.Namespace) -> int:
+    return _submit(config, args.name, list(args.job_args))
+
+
 def _sql(config: Config, args: argparse.Namespace) -> int:
     from kdq.spark.session import build_session
 
@@ -138,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     catch_up.add_argument("--since", help="ISO-8601 or epoch millis (default: the stream's first failed push)")
     catch_up.add_argument("--force", action="store_true", help="push even if no failure was recorded")
     catch_up.set_defaults(func=_catch_up)
+    job = commands.add_parser(
+        "job", help="spark-submit any job in spark_jobs/ (rebuild, archive_from_kafka, reconcile, ...) with its own arguments"
+    )
+    job.add_argument("name", help="file name in spark_jobs/ without .py")
+    job.add_argument("job_args", nargs=argparse.REMAINDER, help="passed to the job (see its --help)")
+    job.set_defaults(func=_job)
     sql = commands.add_parser("sql", help="run Spark SQL on the kdq tables (registered by name)")
     sql.add_argument("statement", nargs="+")
     sql.add_argument("--limit", type=int, default=50)
