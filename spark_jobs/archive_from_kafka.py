@@ -25,31 +25,25 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from kdq.config import Config, load_config
-from kdq.intervals import parse_time_ms
+from kdq.config import Config
+from kdq.jobs import run_main, time_arg, topics_arg
 
 log = logging.getLogger("kdq.backfill")
 
-
-def _time_arg(text: str) -> int:
-    try:
-        return parse_time_ms(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="archive_from_kafka", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="kdq config file (default: $KDQ_CONFIG or kdq.toml)")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--topics", type=lambda s: [t.strip() for t in s.split(",") if t.strip()], help="comma-separated topics")
+    which.add_argument("--topics", type=topics_arg, help="comma-separated topics")
     which.add_argument("--pattern", help="regex (full match) over topic names; default: kafka.topic_include/exclude")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--starting-offsets", default="earliest", help="earliest or a JSON offsets object")
-    start.add_argument("--start-time", type=_time_arg, help="record time (epoch millis or ISO-8601), inclusive")
+    start.add_argument("--start-time", type=time_arg, help="record time (epoch millis or ISO-8601), inclusive")
     end = parser.add_mutually_exclusive_group()
     end.add_argument("--ending-offsets", default="latest", help="latest or a JSON offsets object (exclusive)")
-    end.add_argument("--end-time", type=_time_arg, help="record time, exclusive")
+    end.add_argument("--end-time", type=time_arg, help="record time, exclusive")
     parser.add_argument("--run-id", help="recorded in the Delta commit (Airflow passes its run id)")
     return parser.parse_args(argv)
 
@@ -79,16 +73,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    config = load_config(args.config)
-    from kdq.spark.session import build_session
-
-    spark = build_session(config, app_name="kdq-archive-from-kafka")
-    try:
-        return 0 if run(spark, config, args)["ok"] else 1
-    finally:
-        spark.stop()
+    return run_main(argv, parse_args, run, app_name="kdq-archive-from-kafka")
 
 
 if __name__ == "__main__":

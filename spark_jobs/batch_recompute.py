@@ -24,24 +24,19 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from kdq.config import Config, load_config
-from kdq.intervals import iso, parse_time_ms, resolve_interval
+from kdq.config import Config
+from kdq.intervals import iso, resolve_interval
+from kdq.jobs import run_main, time_arg
 
 log = logging.getLogger("kdq.batch")
 
-
-def _time_arg(text: str) -> int:
-    try:
-        return parse_time_ms(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="batch_recompute", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="kdq config file (default: $KDQ_CONFIG or kdq.toml)")
-    parser.add_argument("--start", type=_time_arg, help="interval start (ingest time), inclusive; default: end - 1 h")
-    parser.add_argument("--end", type=_time_arg, help="interval end, exclusive; default: the current UTC hour")
+    parser.add_argument("--start", type=time_arg, help="interval start (ingest time), inclusive; default: end - 1 h")
+    parser.add_argument("--end", type=time_arg, help="interval end, exclusive; default: the current UTC hour")
     parser.add_argument("--run-id", help="recorded with every correction (Airflow passes its run id)")
     parser.add_argument("--reason", default="late_data", help="why, recorded with every correction")
     parser.add_argument("--skip-push", action="store_true", help="correct Delta only; no metrics topic, no InfluxDB")
@@ -128,16 +123,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    config = load_config(args.config)
-    from kdq.spark.session import build_session
-
-    spark = build_session(config, app_name="kdq-batch-recompute")
-    try:
-        return 0 if run(spark, config, args)["ok"] else 1
-    finally:
-        spark.stop()
+    return run_main(argv, parse_args, run, app_name="kdq-batch-recompute")
 
 
 if __name__ == "__main__":

@@ -20,23 +20,17 @@ import sys
 import time
 from collections.abc import Sequence
 
-from kdq.config import Config, load_config
-from kdq.intervals import parse_time_ms
+from kdq.config import Config
+from kdq.jobs import run_main, time_arg
 
 log = logging.getLogger("kdq.batch")
 
-
-def _time_arg(text: str) -> int:
-    try:
-        return parse_time_ms(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="influx_catch_up", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="kdq config file (default: $KDQ_CONFIG or kdq.toml)")
-    parser.add_argument("--since", type=_time_arg, help="push rows updated at or after this time (default: pending state)")
+    parser.add_argument("--since", type=time_arg, help="push rows updated at or after this time (default: pending state)")
     parser.add_argument("--force", action="store_true", help="with nothing pending and no --since, push every window")
     return parser.parse_args(argv)
 
@@ -54,17 +48,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    config = load_config(args.config)
-    from kdq.spark.session import build_session
-
-    spark = build_session(config, app_name="kdq-influx-catch-up")
-    try:
-        run(spark, config, args)
-        return 0
-    finally:
-        spark.stop()
+    return run_main(argv, parse_args, run, app_name="kdq-influx-catch-up", exit_code=lambda _summary: 0)
 
 
 if __name__ == "__main__":

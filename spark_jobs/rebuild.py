@@ -27,29 +27,20 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from kdq.config import Config, load_config
-from kdq.intervals import parse_time_ms
+from kdq.config import Config
+from kdq.jobs import run_main, time_arg, topics_arg
 
 log = logging.getLogger("kdq.rebuild")
 
 
-def _time_arg(text: str) -> int:
-    try:
-        return parse_time_ms(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _topics_arg(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rebuild", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="kdq config file (default: $KDQ_CONFIG or kdq.toml)")
-    parser.add_argument("--from", dest="from_ms", type=_time_arg, required=True, help="first window start (event time), inclusive")
-    parser.add_argument("--to", dest="to_ms", type=_time_arg, required=True, help="window start bound, exclusive")
-    parser.add_argument("--topics", type=_topics_arg, default=None, help="comma-separated topics (default: all)")
+    parser.add_argument("--from", dest="from_ms", type=time_arg, required=True, help="first window start (event time), inclusive")
+    parser.add_argument("--to", dest="to_ms", type=time_arg, required=True, help="window start bound, exclusive")
+    parser.add_argument("--topics", type=topics_arg, default=None, help="comma-separated topics (default: all)")
     parser.add_argument("--run-id", help="recorded with every correction (Airflow passes its run id)")
     parser.add_argument("--skip-push", action="store_true", help="correct Delta only; no metrics topic, no InfluxDB")
     parser.add_argument("--keep-archive", action="store_true", help="do not update the archive rows' classification")
@@ -84,16 +75,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    config = load_config(args.config)
-    from kdq.spark.session import build_session
-
-    spark = build_session(config, app_name="kdq-rebuild")
-    try:
-        return 0 if run(spark, config, args)["ok"] else 1
-    finally:
-        spark.stop()
+    return run_main(argv, parse_args, run, app_name="kdq-rebuild")
 
 
 if __name__ == "__main__":

@@ -35,29 +35,24 @@ import sys
 import time
 from collections.abc import Sequence
 
-from kdq.config import Config, load_config
-from kdq.intervals import iso, parse_time_ms
+from kdq.config import Config
+from kdq.intervals import iso
+from kdq.jobs import run_main, time_arg, topics_arg
 
 log = logging.getLogger("kdq.reconcile")
 
 MAX_LISTED = 100
 
 
-def _time_arg(text: str) -> int:
-    try:
-        return parse_time_ms(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="reconcile", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="kdq config file (default: $KDQ_CONFIG or kdq.toml)")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--topics", type=lambda s: [t.strip() for t in s.split(",") if t.strip()], help="comma-separated topics")
+    which.add_argument("--topics", type=topics_arg, help="comma-separated topics")
     which.add_argument("--pattern", help="regex (full match) over topic names; default: kafka.topic_include/exclude")
-    parser.add_argument("--from", dest="from_ms", type=_time_arg, help="range start (inclusive); default: everything")
-    parser.add_argument("--to", dest="to_ms", type=_time_arg, help="range end (exclusive); default: everything")
+    parser.add_argument("--from", dest="from_ms", type=time_arg, help="range start (inclusive); default: everything")
+    parser.add_argument("--to", dest="to_ms", type=time_arg, help="range end (exclusive); default: everything")
     args = parser.parse_args(argv)
     if (args.from_ms is None) != (args.to_ms is None):
         parser.error("--from and --to go together")
@@ -221,16 +216,7 @@ def exit_code(report: dict) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    config = load_config(args.config)
-    from kdq.spark.session import build_session
-
-    spark = build_session(config, app_name="kdq-reconcile")
-    try:
-        return exit_code(run(spark, config, args))
-    finally:
-        spark.stop()
+    return run_main(argv, parse_args, run, app_name="kdq-reconcile", exit_code=exit_code)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""The entrypoint shape every Spark job shares: main(argv) → args → frozen config → session → run().
+
+Each job module keeps its own ``parse_args`` and ``run(spark, config, args)``
+(which tests and the CLI call with an injected session); this module holds
+the argument types and the session lifecycle they would otherwise repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kdq.config import Config, load_config
+from kdq.intervals import parse_time_ms
+
+
+def time_arg(text: str) -> int:
+    """argparse type: epoch millis or ISO-8601 (UTC when no zone is given) → epoch millis."""
+    try:
+        return parse_time_ms(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def topics_arg(text: str) -> list[str]:
+    """argparse type: comma-separated topic names."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def run_main(
+    argv: Sequence[str] | None,
+    parse_args: Callable[[Sequence[str] | None], argparse.Namespace],
+    run: Callable[[Any, Config, argparse.Namespace], Any],
+    app_name: str,
+    exit_code: Callable[[Any], int] = lambda result: 0 if result.get("ok", True) else 1,
+    before_session: Callable[[Config], None] | None = None,
+) -> int:
+    """Parse, load the config (failing early on bad config), build the session, run, always stop it."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    config = load_config(args.config)
+    if before_session is not None:
+        before_session(config)
+    from kdq.spark.session import build_session
+
+    spark = build_session(config, app_name=app_name)
+    try:
+        return exit_code(run(spark, config, args))
+    finally:
+        spark.stop()
