@@ -1,0 +1,39 @@
+"""
+### kdq maintenance
+
+Daily housekeeping of the Delta tables, on **closed partitions only** (older than today, UTC; the
+stream MERGEs into today's, and compacting them would make its MERGEs fail on conflicts):
+
+* `OPTIMIZE` of `raw_archive` (by `event_hour`) and `window_counts` (by `window_date`);
+* raw archive retention: rows of `event_hour` partitions older than `archive_retention_days` are deleted;
+* `VACUUM ... RETAIN 168 HOURS` of every table (Delta's safe minimum, so no reader loses files).
+
+Checkpoint and metadata cleanup needs no task: the stream trims its own ledger and progress files,
+and Spark drops old checkpoint batches itself.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from airflow.sdk import DAG
+
+from kdq_airflow.operators import MaintenanceOperator
+
+with DAG(
+    dag_id="kdq_maintenance",
+    doc_md=__doc__,
+    schedule="@daily",
+    start_date=datetime(2026, 11, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    tags=["kdq", "maintenance"],
+    default_args={
+        "owner": "kdq",
+        "retries": 2,
+        "retry_delay": timedelta(minutes=5),
+        "retry_exponential_backoff": True,
+        "execution_timeout": timedelta(hours=2),
+    },
+):
+    MaintenanceOperator(task_id="optimize_vacuum_retention", archive_retention_days=30, vacuum_retain_hours=168)

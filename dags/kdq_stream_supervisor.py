@@ -1,0 +1,38 @@
+"""
+### kdq stream supervisor
+
+Every two minutes: checks the speed layer's heartbeat (`<data_dir>/stream/heartbeat.json`) and process,
+and starts it **detached** through spark-submit when it is not running or its heartbeat is stale, so no
+worker slot is held while it runs. A lock file next to the heartbeat guarantees that two supervisors
+never start two streams (a lock left by a crashed supervisor is taken over). After repeated restarts
+without a healthy heartbeat the task **fails** (and restarts are spaced out): look at its log, which
+ends with the stream's log tail.
+
+Pausing this DAG does **not** stop the stream; trigger `kdq_stream_stop` for that.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from airflow.sdk import DAG
+
+from kdq_airflow.stream import EnsureStreamRunningOperator
+
+with DAG(
+    dag_id="kdq_stream_supervisor",
+    doc_md=__doc__,
+    schedule=timedelta(minutes=2),
+    start_date=datetime(2026, 11, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    tags=["kdq", "speed-layer"],
+    default_args={
+        "owner": "kdq",
+        "retries": 1,
+        "retry_delay": timedelta(seconds=20),
+        "retry_exponential_backoff": True,
+        "execution_timeout": timedelta(minutes=5),
+    },
+):
+    EnsureStreamRunningOperator(task_id="ensure_stream_running")

@@ -1,0 +1,192 @@
+"""Keep the speed layer running: a supervisor check that (re)starts it detached, and a graceful stop.
+
+The stream runs detached (``kdq.stream_process.start_stream``) so no worker slot is held for its
+lifetime; the supervisor task only looks at its heartbeat and process. Two safeguards live next to the
+heartbeat in ``<data_dir>/stream/``: ``supervisor.lock`` (created with O_EXCL, holding the supervisor's
+pid, taken over when that pid is dead, so a crashed supervisor never blocks the next one and two live
+ones never start two streams) and ``supervisor_state.json`` (consecutive restarts without a healthy
+check in between; past ``max_restarts`` the task fails visibly and restarts are spaced out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+LOCK_NAME = "supervisor.lock"
+STATE_NAME = "supervisor_state.json"
+
+
+class LockHeld(RuntimeError):
+    """Another live supervisor holds the lock."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def supervisor_lock(path: Path) -> Iterator[None]:
+    """Exclusive lock file holding our pid; a lock left by a dead pid is taken over."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = int(path.read_text().strip() or 0)
+            except (FileNotFoundError, ValueError):
+                holder = 0
+            if holder and holder != os.getpid() and _pid_alive(holder):
+                raise LockHeld(f"{path} is held by live pid {holder}") from None
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # stale: its holder crashed
+            continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(str(os.getpid()))
+        try:
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return
+    raise LockHeld(f"{path}: could not take the lock")
+
+
+def read_state(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {"restarts": 0, "last_restart": None}
+
+
+def write_state(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(path)
+
+
+def ensure_stream_running(
+    config: Any,
+    stale_after_seconds: float = 120.0,
+    startup_grace_seconds: float = 180.0,
+    max_restarts: int = 3,
+    backoff_seconds: float = 120.0,
+    log: Any = None,
+) -> str:
+    """One supervisor check; returns ``healthy``, ``starting``, ``restarted``, ``backing_off`` or ``locked``.
+
+    Raises AirflowException (after restarting, unless backing off) once ``max_restarts`` consecutive
+    restarts did not bring a healthy heartbeat: the crash loop shows as a failed task.
+    """
+    from kdq.stream_process import start_stream, stop_stream, stream_process
+    from kdq.stream_status import heartbeat_age_seconds
+
+    folder = config.data_dir / "stream"
+    state_file = folder / STATE_NAME
+    try:
+        with supervisor_lock(folder / LOCK_NAME):
+            process = stream_process(config)
+            running = process.running()
+            age = heartbeat_age_seconds(config)
+            state = read_state(state_file)
+            if running and age is not None and age <= stale_after_seconds:
+                if state.get("restarts"):
+                    write_state(state_file, {"restarts": 0, "last_restart": None})
+                return "healthy"
+            since_restart = time.time() - (state.get("last_restart") or 0)
+            if running and age is None and since_restart < startup_grace_seconds:
+                return "starting"  # JVM start-up and the first batch come before the first heartbeat
+            restarts = int(state.get("restarts") or 0)
+            if restarts >= max_restarts:
+                wait = backoff_seconds * 2 ** (restarts - max_restarts)
+                if since_restart < wait:
+                    raise AirflowException(
+                        f"speed layer down after {restarts} consecutive restarts; next attempt in "
+                        f"{wait - since_restart:.0f}s. Log tail:\n{process.log_tail()}"
+                    )
+            if running:  # alive but silent: a hung job, stop it before starting a fresh one
+                stop_stream(config)
+            pid = start_stream(config)
+            restarts += 1
+            write_state(state_file, {"restarts": restarts, "last_restart": time.time(), "pid": pid})
+            if log is not None:
+                log.info("speed layer (re)started as pid %s (restart %s in a row)", pid, restarts)
+            if restarts > max_restarts:
+                raise AirflowException(
+                    f"speed layer restarted {restarts} times in a row without a healthy heartbeat. "
+                    f"Log tail:\n{process.log_tail()}"
+                )
+            return "restarted"
+    except LockHeld as exc:
+        if log is not None:
+            log.info("another supervisor is at work: %s", exc)
+        return "locked"
+
+
+class EnsureStreamRunningOperator(BaseOperator):
+    """Start the speed layer when it is not running or its heartbeat is stale (see the module doc)."""
+
+    template_fields: Sequence[str] = ("config_path",)
+
+    def __init__(
+        self,
+        *,
+        config_path: str | None = None,
+        stale_after_seconds: float = 120.0,
+        startup_grace_seconds: float = 180.0,
+        max_restarts: int = 3,
+        backoff_seconds: float = 120.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.config_path = config_path
+        self.stale_after_seconds = stale_after_seconds
+        self.startup_grace_seconds = startup_grace_seconds
+        self.max_restarts = max_restarts
+        self.backoff_seconds = backoff_seconds
+
+    def execute(self, context: Any) -> str:
+        from kdq.config import load_config
+
+        return ensure_stream_running(
+            load_config(self.config_path),
+            stale_after_seconds=self.stale_after_seconds,
+            startup_grace_seconds=self.startup_grace_seconds,
+            max_restarts=self.max_restarts,
+            backoff_seconds=self.backoff_seconds,
+            log=self.log,
+        )
+
+
+class StopStreamOperator(BaseOperator):
+    """SIGTERM the speed layer: its current micro-batch finishes, then it exits (SIGKILL after ``timeout``)."""
+
+    template_fields: Sequence[str] = ("config_path",)
+
+    def __init__(self, *, config_path: str | None = None, timeout: float = 150.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config_path = config_path
+        self.timeout = timeout
+
+    def execute(self, context: Any) -> bool:
+        from kdq.config import load_config
+        from kdq.stream_process import stop_stream
+
+        stopped = stop_stream(load_config(self.config_path), timeout=self.timeout)
+        self.log.info("speed layer %s", "stopped" if stopped else "was not running")
+        return stopped

@@ -1,0 +1,172 @@
+"""DagBag integrity and parse hygiene, in the style of Airflow's ``test_example_dags.py``.
+
+The DAG folder is parsed once, in a fresh interpreter with its own AIRFLOW_HOME (so neither the
+developer's Airflow settings nor modules other tests imported can hide a problem): sockets and
+connection/Variable lookups are booby-trapped while the DagBag fills, and the interpreter reports
+what it saw as JSON. Parsing needs no metadata database, and the test checks none was created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DAGS_FOLDER = PROJECT_ROOT / "dags"
+PLUGINS_FOLDER = PROJECT_ROOT / "plugins"
+
+EXPECTED_DAGS = {
+    "kdq_stream_supervisor",
+    "kdq_stream_stop",
+    "kdq_hourly_recompute",
+    "kdq_rebuild",
+    "kdq_maintenance",
+}
+# Modules whose import at parse time would cost seconds per parse or start a JVM.
+FORBIDDEN_MODULE_PREFIXES = ("pyspark", "py4j", "delta", "kdq.spark", "confluent_kafka", "kafka", "influxdb")
+
+PARSE_SCRIPT = r"""
+import json, socket, sys
+
+attempts = []
+
+def refuse(kind):
+    def _refuse(*args, **kwargs):
+        attempts.append(f"{kind} {args[1:] if kind == 'socket.connect' else args}")
+        raise OSError(f"parse hygiene: {kind} at parse time")
+    return _refuse
+
+socket.socket.connect = refuse("socket.connect")
+socket.socket.connect_ex = refuse("socket.connect")
+socket.create_connection = refuse("socket.create_connection")
+
+from airflow.dag_processing.dagbag import DagBag
+from airflow.sdk import BaseHook, Variable
+
+BaseHook.get_connection = classmethod(refuse("BaseHook.get_connection"))
+Variable.get = staticmethod(refuse("Variable.get"))
+
+before = set(sys.modules)
+bag = DagBag(dag_folder=sys.argv[1])
+new_modules = sorted(set(sys.modules) - before)
+
+dags = {}
+for dag_id, dag in bag.dags.items():
+    dags[dag_id] = {
+        "tags": sorted(dag.tags or []),
+        "doc_md": dag.doc_md,
+        "retries": (dag.default_args or {}).get("retries"),
+        "retry_delay": bool((dag.default_args or {}).get("retry_delay")),
+        "catchup": dag.catchup,
+        "schedule": str(dag.schedule) if dag.schedule is not None else None,
+        "max_active_runs": dag.max_active_runs,
+        "params": {
+            k: {**dag.params.get_param(k).schema, "description": dag.params.get_param(k).description}
+            for k in dag.params
+        },
+        "tasks": {
+            t.task_id: {
+                "type": type(t).__name__,
+                "outlets": [getattr(o, "uri", str(o)) for o in t.outlets],
+                "retries": t.retries,
+                "execution_timeout": t.execution_timeout.total_seconds() if t.execution_timeout else None,
+                "template_fields": list(t.template_fields),
+            }
+            for t in dag.tasks
+        },
+    }
+print("@@RESULT@@" + json.dumps({
+    "import_errors": {str(k): v for k, v in bag.import_errors.items()},
+    "dags": dags,
+    "attempts": attempts,
+    "new_modules": new_modules,
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW") and k != "KDQ_CONFIG"},
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS_FOLDER),
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "True",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        # A config that does not exist: any parse-time load_config() would fail the import.
+        "KDQ_CONFIG": str(home / "no-such-kdq.toml"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER)],
+        env=env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("@@RESULT@@")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(line.removeprefix("@@RESULT@@"))
+    result["db_files"] = sorted(p.name for p in home.rglob("*.db"))
+    return result
+
+
+def test_no_import_errors(parsed: dict) -> None:
+    assert parsed["import_errors"] == {}
+
+
+def test_expected_dags_exist(parsed: dict) -> None:
+    assert set(parsed["dags"]) == EXPECTED_DAGS
+
+
+@pytest.mark.parametrize("dag_id", sorted(EXPECTED_DAGS))
+def test_dag_has_tags_doc_and_retries(parsed: dict, dag_id: str) -> None:
+    dag = parsed["dags"][dag_id]
+    assert "kdq" in dag["tags"]
+    assert dag["doc_md"] and dag["doc_md"].lstrip().startswith("###"), "doc_md must be the Markdown module docstring"
+    assert dag["retries"] is not None and dag["retries"] >= 1
+    assert dag["retry_delay"]
+    for task_id, task in dag["tasks"].items():
+        assert task["retries"] >= 1, task_id
+        assert task["execution_timeout"], f"{dag_id}.{task_id} has no execution_timeout"
+
+
+def test_hourly_recompute_is_interval_driven_and_emits_the_asset(parsed: dict) -> None:
+    dag = parsed["dags"]["kdq_hourly_recompute"]
+    assert dag["catchup"] is True
+    assert list(dag["tasks"]) == ["recompute", "influx_catch_up", "reconcile"]
+    assert dag["tasks"]["recompute"]["outlets"] == ["kdq://window_counts/"]
+    assert "job_args" in dag["tasks"]["recompute"]["template_fields"]
+
+
+def test_supervisor_runs_one_at_a_time_and_stop_is_manual(parsed: dict) -> None:
+    supervisor = parsed["dags"]["kdq_stream_supervisor"]
+    assert supervisor["max_active_runs"] == 1 and supervisor["catchup"] is False
+    assert parsed["dags"]["kdq_stream_stop"]["schedule"] is None
+
+
+def test_rebuild_params_form(parsed: dict) -> None:
+    params = parsed["dags"]["kdq_rebuild"]["params"]
+    assert set(params) == {"topics", "from", "to", "reason"}
+    for name, schema in params.items():
+        assert schema.get("type") == "string", name
+        assert schema.get("description"), name
+    assert params["from"]["format"] == params["to"]["format"] == "date-time"
+
+
+def test_parsing_opens_no_connection_and_touches_no_database(parsed: dict) -> None:
+    assert parsed["attempts"] == []
+    assert parsed["db_files"] == []
+
+
+def test_parsing_imports_no_spark_or_clients(parsed: dict) -> None:
+    heavy = [m for m in parsed["new_modules"] if m.startswith(FORBIDDEN_MODULE_PREFIXES)]
+    assert heavy == []
