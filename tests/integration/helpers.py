@@ -84,11 +84,13 @@ def influx_points(config: Config, measurement: str) -> dict[int, tuple[int, int]
 
 
 def window_counts(spark, config: Config, topic: str | None = None) -> dict[tuple[str, int, str], int]:
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     path = config.tables_dir / "window_counts"
-    if not DeltaTable.isDeltaTable(spark, str(path)):
+    # Looked up on disk, not with DeltaTable.isDeltaTable: that caches a "no table"
+    # answer per path, so a poll started before the stream created the table
+    # would never see it.
+    if not any((path / "_delta_log").glob("*.json")):
         return {}  # the stream has not created its tables yet
     df = spark.read.format("delta").load(str(path))
     if topic:
