@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,10 +38,9 @@ from pyspark.sql import functions as F
 
 from kdq.config import Config
 from kdq.rules import RuleSet
-from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
 from kdq.spark.tables import ensure_tables, table_path
-from kdq.spark.writers import now_ms
+from kdq.spark.writers import now_ms, retry_on_conflict
 from kdq.tables import RAW_ARCHIVE
 from kdq.windows import topic_selected
 
@@ -191,18 +189,14 @@ def archive_records(
     condition = f"({bounds}) AND t.topic = s.topic AND t.partition = s.partition AND t.offset = s.offset"
     metadata = f"kdq-archive-from-kafka {run_id}"
     path = table_path(config, RAW_ARCHIVE)
-    for attempt in range(1, bl._MAX_ATTEMPTS + 1):
+    def insert_new() -> None:
         spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", metadata)
         try:
             DeltaTable.forPath(spark, path).alias("t").merge(classified.alias("s"), condition).whenNotMatchedInsertAll().execute()
-            break
-        except Exception as exc:
-            if attempt == bl._MAX_ATTEMPTS or not bl._is_conflict(exc):
-                raise
-            log.warning("archive insert conflicted with a concurrent commit (attempt %d): %s", attempt, str(exc)[:300])
-            time.sleep(min(2.0 * attempt, 10.0))
         finally:
             spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+
+    retry_on_conflict(insert_new, "archive insert")
     history = DeltaTable.forPath(spark, path).history(20).where(F.col("userMetadata") == metadata).first()
     loaded = int((history["operationMetrics"] or {}).get("numTargetRowsInserted", 0)) if history else 0
     return {"read": read, "loaded": loaded, "skipped": read - loaded}

@@ -66,7 +66,6 @@ re-run); they are absolute values, so re-sending them is harmless.
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -80,7 +79,7 @@ from kdq.intervals import iso
 from kdq.metrics_topic import ensure_metrics_topic, produce_counts
 from kdq.spark import transforms
 from kdq.spark.tables import table_path
-from kdq.spark.writers import _date_literal, _ts_literal, idempotent_write, now_ms
+from kdq.spark.writers import _date_literal, _ts_literal, idempotent_write, now_ms, retry_on_conflict
 from kdq.tables import CORRECTIONS, WINDOW_COUNTS
 from kdq.windows import event_hour
 
@@ -89,10 +88,6 @@ log = logging.getLogger("kdq.batch")
 STATUSES = (transforms.VALID, transforms.INVALID)
 BATCH = "batch"
 STREAM_SOURCE = "stream"
-# Delta's optimistic concurrency: the stream commits to window_counts every few
-# seconds, often in the same window_date partition as the corrections.
-_CONFLICT_MARKERS = ("Concurrent", "DELTA_CONCURRENT")
-_MAX_ATTEMPTS = 5
 _DAY_MS = 86_400_000
 
 
@@ -389,11 +384,6 @@ def stream_caught_up(spark: SparkSession, config: Config, end_ms: int) -> bool |
     return bool(fs.exists(jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/commits/{int(latest['batch_id'])}")))
 
 
-def _is_conflict(exc: Exception) -> bool:
-    text = f"{type(exc).__name__} {exc}"
-    return any(marker in text for marker in _CONFLICT_MARKERS)
-
-
 def apply_corrections(
     spark: SparkSession,
     config: Config,
@@ -417,15 +407,9 @@ def apply_corrections(
             f"(topic, window_start, window_end, status, count, rules_version), got {new_counts.columns}"
         )
     app_id = batch_app_id(interval[0])
-    for attempt in range(1, _MAX_ATTEMPTS + 1):
-        try:
-            return _apply_once(spark, config, new_counts, run_id, interval, reason, app_id)
-        except Exception as exc:
-            if attempt == _MAX_ATTEMPTS or not _is_conflict(exc):
-                raise
-            log.warning("corrections conflicted with a concurrent commit (attempt %d): %s", attempt, str(exc)[:300])
-            time.sleep(min(2.0 * attempt, 10.0))
-    raise AssertionError("unreachable")
+    return retry_on_conflict(
+        lambda: _apply_once(spark, config, new_counts, run_id, interval, reason, app_id), "corrections"
+    )
 
 
 def _apply_once(

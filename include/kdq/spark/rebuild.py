@@ -67,7 +67,6 @@ then rebuild that range::
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,7 +79,7 @@ from kdq.rules import RuleSet
 from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
 from kdq.spark.tables import table_path
-from kdq.spark.writers import _date_literal, _ts_literal
+from kdq.spark.writers import _date_literal, _ts_literal, retry_on_conflict
 from kdq.tables import CORRECTIONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.windows import event_hour
 
@@ -301,25 +300,21 @@ def apply_rebuild(
     if not changed and not version_only:
         return
     app_id = rebuild_app_id(*interval)
-    for attempt in range(1, bl._MAX_ATTEMPTS + 1):
-        try:
-            vc = bl._txn_version(spark, table_path(config, CORRECTIONS), app_id)
-            vw = bl._txn_version(spark, table_path(config, WINDOW_COUNTS), app_id)
-            version = max(vc, vw) + 1
-            if vc > vw:
-                wanted = {(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed}
-                if _latest_recorded(spark, config, interval) == wanted:
-                    version = vc  # corrections already recorded by an interrupted run: Delta skips them
-            if changed:
-                _append_corrections(spark, config, changed, run_id, interval, app_id, version)
-            rows = [dict(r, new_count=r["new_count"]) for r in changed + version_only]
-            bl._merge_absolute(spark, config, rows, app_id, version)
-            return
-        except Exception as exc:
-            if attempt == bl._MAX_ATTEMPTS or not bl._is_conflict(exc):
-                raise
-            log.warning("rebuild conflicted with a concurrent commit (attempt %d): %s", attempt, str(exc)[:300])
-            time.sleep(min(2.0 * attempt, 10.0))
+
+    def apply_once() -> None:
+        vc = bl._txn_version(spark, table_path(config, CORRECTIONS), app_id)
+        vw = bl._txn_version(spark, table_path(config, WINDOW_COUNTS), app_id)
+        version = max(vc, vw) + 1
+        if vc > vw:
+            wanted = {(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed}
+            if _latest_recorded(spark, config, interval) == wanted:
+                version = vc  # corrections already recorded by an interrupted run: Delta skips them
+        if changed:
+            _append_corrections(spark, config, changed, run_id, interval, app_id, version)
+        rows = [dict(r, new_count=r["new_count"]) for r in changed + version_only]
+        bl._merge_absolute(spark, config, rows, app_id, version)
+
+    retry_on_conflict(apply_once, "rebuild")
 
 
 def update_archive(
@@ -351,22 +346,15 @@ def update_archive(
         f"t.event_hour IN ({hours}) AND t.window_start >= {_ts_literal(from_ms)} AND t.window_start < {_ts_literal(to_ms)} "
         "AND t.topic = s.topic AND t.partition = s.partition AND t.offset = s.offset"
     )
-    for attempt in range(1, bl._MAX_ATTEMPTS + 1):
-        try:
-            (
-                DeltaTable.forPath(spark, table_path(config, RAW_ARCHIVE))
-                .alias("t")
-                .merge(source.alias("s"), condition)
-                .whenMatchedUpdate(set={c: f"s.{c}" for c in _RECLASSIFIED})
-                .execute()
-            )
-            return n
-        except Exception as exc:
-            if attempt == bl._MAX_ATTEMPTS or not bl._is_conflict(exc):
-                raise
-            log.warning("archive update conflicted (attempt %d): %s", attempt, str(exc)[:300])
-            time.sleep(min(2.0 * attempt, 10.0))
-    raise AssertionError("unreachable")
+    retry_on_conflict(
+        lambda: DeltaTable.forPath(spark, table_path(config, RAW_ARCHIVE))
+        .alias("t")
+        .merge(source.alias("s"), condition)
+        .whenMatchedUpdate(set={c: f"s.{c}" for c in _RECLASSIFIED})
+        .execute(),
+        "archive update",
+    )
+    return n
 
 
 def rebuild(

@@ -16,10 +16,12 @@ Python datetimes, whose conversion depends on the process time zone.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -27,6 +29,9 @@ from pyspark.sql import functions as F
 from kdq.config import Config
 from kdq.spark.tables import table_path
 from kdq.tables import INVALID_REASONS, QUARANTINE, RAW_ARCHIVE, WINDOW_COUNTS, TableSpec
+
+log = logging.getLogger("kdq.writers")
+T = TypeVar("T")
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -44,18 +49,25 @@ def idempotent_write(spark: SparkSession, app_id: str, version: int) -> Iterator
         spark.conf.unset(TXN_VERSION)
 
 
-def retry_on_conflict(action, attempts: int = 5) -> None:
-    """Run a Delta write again when another writer (the batch layer's corrections, maintenance)
+def is_conflict(exc: Exception) -> bool:
+    """A Delta optimistic-concurrency conflict (another writer committed to the same files first)."""
+    text = f"{type(exc).__name__} {exc}"
+    return "Concurrent" in text or "DELTA_CONCURRENT" in text
+
+
+def retry_on_conflict(action: Callable[[], T], what: str = "Delta write", attempts: int = 5) -> T:
+    """Run a Delta write again when another writer (the stream, the batch layer, maintenance)
     committed first to the same files. Safe because every kdq write is idempotent per
     (app id, version): a retry after a commit that did land is skipped by Delta."""
     for attempt in range(1, attempts + 1):
         try:
-            action()
-            return
+            return action()
         except Exception as exc:  # py4j surfaces Delta's conflict exceptions generically
-            if attempt == attempts or "Concurrent" not in str(exc):
+            if attempt == attempts or not is_conflict(exc):
                 raise
-            time.sleep(min(0.5 * 2**attempt, 10.0))
+            log.warning("%s conflicted with a concurrent commit (attempt %d): %s", what, attempt, str(exc)[:300])
+            time.sleep(min(2.0 * attempt, 10.0))
+    raise AssertionError("unreachable")
 
 
 def _require_columns(df: DataFrame, spec: TableSpec, required: Sequence[str]) -> None:
@@ -137,7 +149,7 @@ def merge_window_increments(
                 .execute()
             )
 
-    retry_on_conflict(merge)
+    retry_on_conflict(merge, "window-count MERGE")
 
 
 def read_window_counts(spark: SparkSession, config: Config, keys: Sequence[tuple[str, int]]) -> list[dict]:
