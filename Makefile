@@ -11,13 +11,14 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 setup:
 	@bash scripts/setup.sh
 
-## run: start the product locally on the embedded default
+## run: the whole product locally: Kafka, InfluxDB, Airflow standalone (UI), the speed layer started by
+## its supervisor DAG, demo traffic. Stays in the foreground; Ctrl-C (or `make stop`) stops everything.
+## Demo options: make run DEMO="--rate 200 --late 0.05"
+DEMO ?=
 run: setup
-	@$(KDQ) up
-	@$(KDQ) stream --detach
-	@echo "Next: .venv/bin/kdq status   |   .venv/bin/kdq sql \"SELECT * FROM kdq.window_counts LIMIT 20\"   |   make stop"
+	@$(KDQ) run --demo-args="$(DEMO)"
 
-## stop: stop everything `make run` started
+## stop: stop everything `make run` started (demo traffic, Airflow, the stream, InfluxDB, Kafka)
 stop:
 	@$(KDQ) down
 

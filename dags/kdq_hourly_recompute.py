@@ -1,27 +1,37 @@
 """
 ### kdq hourly recompute
 
-The batch layer for one hour of **ingest time** (the run's data interval):
+The batch layer for one hour of **ingest time**, the run's data interval `[logical date, +1 h)`:
 
-1. `recompute`: `spark_jobs/batch_recompute.py` counts the interval's late and uncounted records,
-   MERGEs the differences into `window_counts` (one `corrections` row each) and pushes the corrected
-   windows to the metrics topic and InfluxDB. Emits the `kdq://window_counts` Asset.
-2. `influx_catch_up`: pushes every window updated since the stream's first failed InfluxDB push.
-3. `reconcile`: offsets and counts of the interval checked against Kafka and the archive; fails the
+1. `recompute`: `spark_jobs/batch_recompute.py --skip-push` counts the interval's late and uncounted
+   records and MERGEs the differences into `window_counts` (one `corrections` row each). Emits the
+   `kdq://window_counts` Asset.
+2. `push_corrections`: `spark_jobs/push_corrections.py` sends the current absolute count of every window
+   the interval's corrections touched to the metrics topic and InfluxDB (a failed InfluxDB write is
+   recorded for the catch-up and fails the task; a retry pushes again, harmlessly). Succeeds without a
+   Spark job when the recompute's summary (its XCom) reports no late window in the interval.
+3. `influx_catch_up`: pushes every window updated since the first failed InfluxDB push of the stream or
+   of step 2; succeeds at once, without a Spark job, when nothing is pending.
+4. `reconcile`: offsets and counts of the interval checked against Kafka and the archive; fails the
    run when there is a gap or a mismatch.
 
 Every task reads and writes only its interval and is idempotent (re-running changes nothing), so
-catchup is on: `airflow backfill create --dag-id kdq_hourly_recompute --from-date ... --to-date ...`
-recomputes a range.
+catchup is on, and a range is recomputed with
+`airflow backfill create --dag-id kdq_hourly_recompute --from-date 2026-11-22T09:00:00+00:00
+--to-date 2026-11-22T11:00:00+00:00 --max-active-runs 1` (runs for 09:00, 10:00 and 11:00).
+A manual run (UI **Trigger**, `airflow dags test`) recomputes the last full hour before its logical date.
+The schedule is an explicit data-interval timetable: Airflow 3 turns a bare `"@hourly"` into a trigger
+timetable whose data interval is empty.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-from airflow.sdk import DAG, Asset
+from airflow.sdk import DAG, Asset, CronDataIntervalTimetable
 
-from kdq_airflow.operators import KdqSparkJobOperator
+from kdq_airflow.defaults import kdq_default_args, kdq_start_date
+from kdq_airflow.operators import InfluxCatchUpOperator, KdqSparkJobOperator, PushCorrectionsOperator
 
 WINDOW_COUNTS = Asset("kdq://window_counts")
 INTERVAL = ["--start={{ data_interval_start }}", "--end={{ data_interval_end }}"]
@@ -29,30 +39,24 @@ INTERVAL = ["--start={{ data_interval_start }}", "--end={{ data_interval_end }}"
 with DAG(
     dag_id="kdq_hourly_recompute",
     doc_md=__doc__,
-    schedule="@hourly",
-    start_date=datetime(2026, 11, 1, tzinfo=UTC),
+    schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"),
+    start_date=kdq_start_date(),
     catchup=True,
     max_active_runs=1,  # concurrent MERGEs into window_counts would conflict
     tags=["kdq", "batch-layer"],
-    default_args={
-        "owner": "kdq",
-        "retries": 3,
-        "retry_delay": timedelta(minutes=1),
-        "retry_exponential_backoff": True,
-        "max_retry_delay": timedelta(minutes=20),
-        "execution_timeout": timedelta(minutes=30),
-    },
+    default_args=kdq_default_args(retries=3, max_retry_delay=timedelta(minutes=20)),
 ):
     recompute = KdqSparkJobOperator(
         task_id="recompute",
         job="batch_recompute",
-        job_args=[*INTERVAL, "--run-id={{ run_id }}"],
+        job_args=[*INTERVAL, "--run-id={{ run_id }}", "--skip-push"],
         outlets=[WINDOW_COUNTS],
     )
-    catch_up = KdqSparkJobOperator(task_id="influx_catch_up", job="influx_catch_up")
+    push = PushCorrectionsOperator(task_id="push_corrections", job_args=INTERVAL)
+    catch_up = InfluxCatchUpOperator(task_id="influx_catch_up")
     reconcile = KdqSparkJobOperator(
         task_id="reconcile",
         job="reconcile",
         job_args=["--from={{ data_interval_start }}", "--to={{ data_interval_end }}"],
     )
-    recompute >> catch_up >> reconcile
+    recompute >> push >> catch_up >> reconcile

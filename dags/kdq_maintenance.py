@@ -14,26 +14,21 @@ and Spark drops old checkpoint batches itself.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import DAG
 
+from kdq_airflow.defaults import kdq_default_args, kdq_start_date
 from kdq_airflow.operators import MaintenanceOperator
 
 with DAG(
     dag_id="kdq_maintenance",
     doc_md=__doc__,
     schedule="@daily",
-    start_date=datetime(2026, 11, 1, tzinfo=UTC),
+    start_date=kdq_start_date(),
     catchup=False,
     max_active_runs=1,
     tags=["kdq", "maintenance"],
-    default_args={
-        "owner": "kdq",
-        "retries": 2,
-        "retry_delay": timedelta(minutes=5),
-        "retry_exponential_backoff": True,
-        "execution_timeout": timedelta(hours=2),
-    },
+    default_args=kdq_default_args(retries=2, retry_delay=timedelta(minutes=5), execution_timeout=timedelta(hours=2)),
 ):
     MaintenanceOperator(task_id="optimize_vacuum_retention", archive_retention_days=30, vacuum_retain_hours=168)

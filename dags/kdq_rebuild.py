@@ -12,26 +12,21 @@ kept with the run's parameters (and in the task log) for the audit trail.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import DAG, Param
 
+from kdq_airflow.defaults import kdq_default_args, kdq_start_date
 from kdq_airflow.operators import KdqSparkJobOperator
 
 with DAG(
     dag_id="kdq_rebuild",
     doc_md=__doc__,
     schedule=None,
-    start_date=datetime(2026, 11, 1, tzinfo=UTC),
+    start_date=kdq_start_date(),
     catchup=False,
     tags=["kdq", "batch-layer"],
-    default_args={
-        "owner": "kdq",
-        "retries": 1,
-        "retry_delay": timedelta(minutes=2),
-        "retry_exponential_backoff": True,
-        "execution_timeout": timedelta(hours=4),
-    },
+    default_args=kdq_default_args(retry_delay=timedelta(minutes=2), execution_timeout=timedelta(hours=4)),
     params={
         "topics": Param(
             "", type="string", title="Topics", description="Comma-separated topic names; empty means all topics."

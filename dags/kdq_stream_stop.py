@@ -8,25 +8,20 @@ Pause `kdq_stream_supervisor` first, or its next run starts the stream again.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import DAG
 
+from kdq_airflow.defaults import kdq_default_args, kdq_start_date
 from kdq_airflow.stream import StopStreamOperator
 
 with DAG(
     dag_id="kdq_stream_stop",
     doc_md=__doc__,
     schedule=None,
-    start_date=datetime(2026, 11, 1, tzinfo=UTC),
+    start_date=kdq_start_date(),
     catchup=False,
     tags=["kdq", "speed-layer"],
-    default_args={
-        "owner": "kdq",
-        "retries": 1,
-        "retry_delay": timedelta(seconds=30),
-        "retry_exponential_backoff": True,
-        "execution_timeout": timedelta(minutes=5),
-    },
+    default_args=kdq_default_args(retry_delay=timedelta(seconds=30), execution_timeout=timedelta(minutes=5)),
 ):
     StopStreamOperator(task_id="stop_stream")

@@ -13,26 +13,21 @@ Pausing this DAG does **not** stop the stream; trigger `kdq_stream_stop` for tha
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import DAG
 
+from kdq_airflow.defaults import kdq_default_args, kdq_start_date
 from kdq_airflow.stream import EnsureStreamRunningOperator
 
 with DAG(
     dag_id="kdq_stream_supervisor",
     doc_md=__doc__,
     schedule=timedelta(minutes=2),
-    start_date=datetime(2026, 11, 1, tzinfo=UTC),
+    start_date=kdq_start_date(),
     catchup=False,
     max_active_runs=1,
     tags=["kdq", "speed-layer"],
-    default_args={
-        "owner": "kdq",
-        "retries": 1,
-        "retry_delay": timedelta(seconds=20),
-        "retry_exponential_backoff": True,
-        "execution_timeout": timedelta(minutes=5),
-    },
+    default_args=kdq_default_args(retry_delay=timedelta(seconds=20), execution_timeout=timedelta(minutes=5)),
 ):
     EnsureStreamRunningOperator(task_id="ensure_stream_running")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time, idempotent set-up of everything kdq needs on this machine:
 #   - Debian packages: influxdb (local InfluxDB 1.x), docker-compose (validates the
-#     cluster deployment file), a Java 17 runtime and Maven if missing;
+#     cluster deployment file), a Java 17 runtime and Maven, chromium and chromium-driver
+#     (the Airflow UI test) if missing;
 #   - .venv from requirements.txt, plus the kdq package itself (editable);
 #   - the JVM jars from Maven Central (Kafka broker; Spark's Kafka connector and Delta)
 #     into .cache/jars/.
@@ -25,6 +26,9 @@ command -v influxd >/dev/null || need_pkgs+=(influxdb)
 command -v docker-compose >/dev/null || need_pkgs+=(docker-compose)
 command -v java >/dev/null || need_pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_pkgs+=(maven)
+# Headless browser for the Airflow UI test (screenshot of the DAG list through Selenium).
+command -v chromium >/dev/null || need_pkgs+=(chromium)
+command -v chromedriver >/dev/null || need_pkgs+=(chromium-driver)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing Debian packages: ${need_pkgs[*]}"

@@ -112,6 +112,92 @@ def _sql(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_spec(config: Config, args: argparse.Namespace):
+    from kdq.traffic import TrafficSpec, parse_topics
+
+    return TrafficSpec(
+        topics=parse_topics(args.topics),
+        rate=args.rate,
+        partitions=args.partitions,
+        invalid_ratio=args.invalid_ratio,
+        out_of_order=args.out_of_order,
+        late=args.late,
+        allowed_lateness_seconds=config.stream.allowed_lateness_seconds,
+        duration_seconds=args.duration,
+        count=args.count,
+        seed=args.seed,
+    )
+
+
+def _demo(config: Config, args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from kdq.traffic import demo_process, main_loop, start_demo
+
+    try:
+        spec = _demo_spec(config, args)
+    except ValueError as exc:
+        print(f"kdq demo: {exc}", file=sys.stderr)
+        return 2
+    if args.detach:
+        options = {"rate": args.rate, "topics": args.topics, "partitions": args.partitions,
+                   "invalid-ratio": args.invalid_ratio, "out-of-order": args.out_of_order, "late": args.late,
+                   "duration": args.duration, "count": args.count, "seed": args.seed}
+        pid = start_demo(config, [f"--{name}={value}" for name, value in options.items() if value is not None])
+        print(f"demo traffic running (pid {pid}); log: {demo_process(config).log_file}; stop: make stop")
+        return 0
+    summary = main_loop(config, spec, Path(args.stats_file) if args.stats_file else None)
+    print(json.dumps(summary))
+    return 0 if summary["failed"] == 0 else 1
+
+
+def _airflow(config: Config, args: argparse.Namespace) -> int:
+    import subprocess
+
+    from kdq.stack.manager import LocalStack
+
+    command, env = LocalStack(config).airflow.command(*args.airflow_args)
+    return subprocess.call(command, env=env, cwd=config.base_dir)
+
+
+def _run(config: Config, args: argparse.Namespace) -> int:
+    import shlex
+    import signal
+
+    from kdq.stack.airflow import follow, print_banner, start_product
+    from kdq.stack.manager import LocalStack
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    # Ctrl-C, a closed terminal or a plain kill all stop everything this command started. (A shell
+    # starting it in the background leaves SIGINT ignored; the handler is installed regardless.)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+    stack = LocalStack(config)
+    keep = False
+    try:
+        started = start_product(stack, shlex.split(args.demo_args or ""))
+        if started is None:
+            return 1
+        print_banner(stack)
+        if args.detach:
+            keep = True
+            return 0
+        follow(stack, started)
+        return 0
+    except KeyboardInterrupt as exc:
+        print(f"\n{exc or 'SIGINT'}: stopping everything", flush=True)
+        return 0
+    finally:
+        if not keep:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+            stopped = stack.down()
+            print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kdq", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="config file (default: $KDQ_CONFIG or kdq.toml)")
@@ -148,6 +234,33 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("name", help="file name in spark_jobs/ without .py")
     job.add_argument("job_args", nargs=argparse.REMAINDER, help="passed to the job (see its --help)")
     job.set_defaults(func=_job)
+    demo = commands.add_parser(
+        "demo", help="produce demo traffic: valid, invalid, out-of-order and late JSON records at a fixed rate"
+    )
+    demo.add_argument("--rate", type=float, default=50.0, help="records per second over all topics (default 50)")
+    demo.add_argument("--topics", default="orders,payments",
+                      help="comma-separated topic[:kind]; kinds: orders, payments, json (default orders,payments)")
+    demo.add_argument("--partitions", type=int, default=3, help="partitions of topics it creates (default 3)")
+    demo.add_argument("--invalid-ratio", type=float, default=0.1, help="fraction of invalid records (default 0.1)")
+    demo.add_argument("--out-of-order", type=float, default=0.05,
+                      help="fraction with an older event time within the allowed lateness (default 0.05)")
+    demo.add_argument("--late", type=float, default=0.01,
+                      help="fraction with an event time beyond stream.allowed_lateness_seconds (default 0.01)")
+    demo.add_argument("--duration", type=float, help="stop after this many seconds (default: run until stopped)")
+    demo.add_argument("--count", type=int, help="stop after this many records")
+    demo.add_argument("--seed", type=int, help="random seed, for reproducible traffic")
+    demo.add_argument("--detach", action="store_true", help="run in the background (log under .local/demo/)")
+    demo.add_argument("--stats-file", help=argparse.SUPPRESS)
+    demo.set_defaults(func=_demo)
+    run = commands.add_parser(
+        "run", help="the whole product locally: stack, Airflow standalone, stream (via its supervisor DAG), demo traffic"
+    )
+    run.add_argument("--demo-args", default="", help='options for `kdq demo`, e.g. "--rate 200 --late 0.05"')
+    run.add_argument("--detach", action="store_true", help="return once everything runs (stop with `kdq down`)")
+    run.set_defaults(func=_run)
+    airflow = commands.add_parser("airflow", help="any Airflow CLI command against the local Airflow (make run)")
+    airflow.add_argument("airflow_args", nargs=argparse.REMAINDER, help="e.g. dags list-runs kdq_hourly_recompute")
+    airflow.set_defaults(func=_airflow)
     sql = commands.add_parser("sql", help="run Spark SQL on the kdq tables (registered by name)")
     sql.add_argument("statement", nargs="+")
     sql.add_argument("--limit", type=int, default=50)

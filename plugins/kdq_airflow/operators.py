@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,8 +32,39 @@ def submit_settings(config: Any, job: str) -> dict[str, Any]:
     }
 
 
+def _summary_hook(**kwargs: Any) -> Any:
+    """A SparkSubmitHook that also keeps the last JSON object line of the job's output: every kdq job
+    prints its summary that way, and the operator returns it (the task's XCom, shown in the UI).
+
+    Overrides the provider's log processing (pinned provider version), still letting it see every line.
+    """
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    class SummaryHook(SparkSubmitHook):
+        summary: dict | None = None
+
+        def _process_spark_submit_log(self, itr: Any) -> None:
+            def tee(lines: Any) -> Any:
+                for raw in lines:
+                    text = raw.strip() if isinstance(raw, str) else raw
+                    if isinstance(text, str) and text.startswith("{") and text.endswith("}"):
+                        try:
+                            parsed = json.loads(text)
+                        except ValueError:
+                            parsed = None
+                        if isinstance(parsed, dict):
+                            self.summary = parsed
+                    yield raw
+
+            super()._process_spark_submit_log(tee(itr))
+
+    return SummaryHook(**kwargs)
+
+
 class KdqSparkJobOperator(BaseOperator):
     """Run ``spark_jobs/<job>.py`` with spark-submit; the task fails when the job exits non-zero.
+
+    Returns the job's JSON summary (its last JSON line on stdout) as the task's XCom.
 
     :param job: a file name in ``spark_jobs/`` without ``.py`` (``batch_recompute``, ``rebuild``, ...)
     :param job_args: the job's own arguments (templated: ``--start={{ data_interval_start }}``)
@@ -59,9 +91,7 @@ class KdqSparkJobOperator(BaseOperator):
         self.config_path = config_path
         self._hook = None
 
-    def execute(self, context: Any) -> None:
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
+    def execute(self, context: Any) -> dict | None:
         from kdq.config import load_config
         from kdq.spark.submit import job_path
 
@@ -71,17 +101,65 @@ class KdqSparkJobOperator(BaseOperator):
         self.log.info("spark job %s %s", self.job, args)
         if self.config_path:
             args = ["--config", self.config_path, *args]
-        self._hook = SparkSubmitHook(conn_id=self.conn_id, application_args=args, **submit_settings(config, self.job))
+        self._hook = _summary_hook(conn_id=self.conn_id, application_args=args, **submit_settings(config, self.job))
         try:
             self._hook.submit(str(job_path(self.job)))
         except AirflowException:
             raise
         except Exception as exc:  # e.g. spark-submit missing: still a failed task with the reason
             raise AirflowException(f"kdq job {self.job} could not be submitted: {exc}") from exc
+        return self._hook.summary
 
     def on_kill(self) -> None:
         if self._hook is not None:
             self._hook.on_kill()
+
+
+class PushCorrectionsOperator(KdqSparkJobOperator):
+    """``spark_jobs/push_corrections.py`` for the data interval, unless the recompute found no late window.
+
+    Corrections of an interval only ever come from its late windows (archive rows ingested in it that
+    the stream did not count), a fact of the interval itself: when the recompute task's summary reports
+    ``late_windows == 0`` no run of this interval can have recorded a correction, and the push would only
+    start a Spark session to read an empty result. With late windows it always runs, also when this
+    attempt recorded nothing new (an earlier attempt's push may have failed).
+    """
+
+    def __init__(self, *, recompute_task_id: str = "recompute", job: str = "push_corrections", **kwargs: Any) -> None:
+        super().__init__(job=job, **kwargs)
+        self.recompute_task_id = recompute_task_id
+
+    def execute(self, context: Any) -> dict | None:
+        summary = context["ti"].xcom_pull(task_ids=self.recompute_task_id)
+        if isinstance(summary, dict) and summary.get("late_windows") == 0:
+            self.log.info("the recompute found no late window in this interval: nothing to push")
+            return None
+        return super().execute(context)
+
+
+class InfluxCatchUpOperator(KdqSparkJobOperator):
+    """``spark_jobs/influx_catch_up.py``, submitted only when a push to InfluxDB is pending.
+
+    The stream and the push task record their first failed InfluxDB write in
+    ``<data_dir>/stream/influx_push_state.json``; with nothing recorded there the job would start a
+    Spark session only to find nothing to do, so the task reads that small file first and succeeds
+    without submitting (one JVM start less per hour).
+    """
+
+    def __init__(self, *, job: str = "influx_catch_up", **kwargs: Any) -> None:
+        super().__init__(job=job, **kwargs)
+
+    def execute(self, context: Any) -> dict | None:
+        from kdq.config import load_config
+        from kdq.stream_status import stream_status
+
+        config = load_config(self.config_path)
+        pending = stream_status(config)["influx_push"].get("pending_since_ms")
+        if not config.influxdb.enabled or (pending is None and not self.job_args):
+            self.log.info("no InfluxDB push pending (influxdb.enabled=%s): nothing to catch up", config.influxdb.enabled)
+            return None
+        self.log.info("InfluxDB push pending since %s ms: submitting the catch-up", pending)
+        return super().execute(context)
 
 
 class MaintenanceOperator(BaseOperator):

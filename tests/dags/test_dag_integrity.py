@@ -65,6 +65,8 @@ for dag_id, dag in bag.dags.items():
         "catchup": dag.catchup,
         "schedule": str(dag.schedule) if dag.schedule is not None else None,
         "max_active_runs": dag.max_active_runs,
+        "timetable": type(dag.timetable).__name__,
+        "start_date": dag.start_date.isoformat() if dag.start_date else None,
         "params": {
             k: {**dag.params.get_param(k).schema, "description": dag.params.get_param(k).description}
             for k in dag.params
@@ -76,6 +78,7 @@ for dag_id, dag in bag.dags.items():
                 "retries": t.retries,
                 "execution_timeout": t.execution_timeout.total_seconds() if t.execution_timeout else None,
                 "template_fields": list(t.template_fields),
+                "job_args": list(getattr(t, "job_args", []) or []),
             }
             for t in dag.tasks
         },
@@ -142,9 +145,23 @@ def test_dag_has_tags_doc_and_retries(parsed: dict, dag_id: str) -> None:
 def test_hourly_recompute_is_interval_driven_and_emits_the_asset(parsed: dict) -> None:
     dag = parsed["dags"]["kdq_hourly_recompute"]
     assert dag["catchup"] is True
-    assert list(dag["tasks"]) == ["recompute", "influx_catch_up", "reconcile"]
-    assert dag["tasks"]["recompute"]["outlets"] == ["kdq://window_counts/"]
-    assert "job_args" in dag["tasks"]["recompute"]["template_fields"]
+    # A bare "@hourly" is a trigger timetable in Airflow 3: its data interval is empty.
+    assert dag["timetable"] == "CronDataIntervalTimetable"
+    assert list(dag["tasks"]) == ["recompute", "push_corrections", "influx_catch_up", "reconcile"]
+    tasks = dag["tasks"]
+    assert tasks["recompute"]["outlets"] == ["kdq://window_counts/"]
+    assert "job_args" in tasks["recompute"]["template_fields"]
+    assert "--skip-push" in tasks["recompute"]["job_args"]  # the push is its own task
+    interval = ["--start={{ data_interval_start }}", "--end={{ data_interval_end }}"]
+    assert tasks["push_corrections"]["job_args"] == interval
+    assert (tasks["push_corrections"]["type"], tasks["influx_catch_up"]["type"]) == (
+        "PushCorrectionsOperator", "InfluxCatchUpOperator",
+    )
+
+
+def test_default_start_date_without_the_local_override(parsed: dict) -> None:
+    # KDQ_AIRFLOW_START_DATE is unset here: the fixed deployment start date.
+    assert {dag["start_date"] for dag in parsed["dags"].values()} == {"2026-11-01T00:00:00+00:00"}
 
 
 def test_supervisor_runs_one_at_a_time_and_stop_is_manual(parsed: dict) -> None:

@@ -1,4 +1,5 @@
-"""The plugin pieces that need no Airflow run: the supervisor lock and the maintenance statements."""
+"""The plugin pieces that need no Airflow run: the supervisor lock, the maintenance statements, the
+shared DAG defaults and the local start date."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import datetime as dt
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ PLUGINS_FOLDER = Path(__file__).resolve().parents[2] / "plugins"
 if str(PLUGINS_FOLDER) not in sys.path:
     sys.path.insert(0, str(PLUGINS_FOLDER))
 
+from kdq_airflow.defaults import START_DATE_ENV, kdq_default_args, kdq_start_date  # noqa: E402
 from kdq_airflow.maintenance import maintenance_statements  # noqa: E402
 from kdq_airflow.stream import LockHeld, supervisor_lock  # noqa: E402
 from tests.conftest import make_config  # noqa: E402
@@ -60,7 +63,9 @@ def test_maintenance_touches_only_closed_partitions(tmp_path: Path) -> None:
     [delete] = [s for s in statements if s.startswith("DELETE")]
     assert delete.endswith("WHERE event_hour < '2026-10-23-00'")
     vacuums = [s for s in statements if s.startswith("VACUUM")]
-    assert len(vacuums) == 5 and all(s.endswith("RETAIN 168 HOURS") for s in vacuums)
+    from kdq.tables import ALL_TABLES
+
+    assert len(vacuums) == len(ALL_TABLES) and all(s.endswith("RETAIN 168 HOURS") for s in vacuums)
 
 
 def test_maintenance_rejects_unsafe_settings(tmp_path: Path) -> None:
@@ -69,3 +74,42 @@ def test_maintenance_rejects_unsafe_settings(tmp_path: Path) -> None:
         maintenance_statements(config, dt.date(2026, 11, 22), 30, vacuum_retain_hours=24)
     with pytest.raises(ValueError, match="archive_retention_days"):
         maintenance_statements(config, dt.date(2026, 11, 22), 0)
+
+
+def test_default_args_are_shared_and_overridable() -> None:
+    base = kdq_default_args()
+    assert base["owner"] == "kdq" and base["retries"] >= 1 and base["retry_delay"] and base["execution_timeout"]
+    hourly = kdq_default_args(retries=3, max_retry_delay=timedelta(minutes=20))
+    assert hourly == {**base, "retries": 3, "max_retry_delay": timedelta(minutes=20)}
+
+
+def test_start_date_from_the_local_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    default = datetime(2026, 11, 1, tzinfo=UTC)
+    monkeypatch.delenv(START_DATE_ENV, raising=False)
+    assert kdq_start_date(default) == default
+    monkeypatch.setenv(START_DATE_ENV, "2026-11-22T17:00:00+00:00")
+    assert kdq_start_date(default) == datetime(2026, 11, 22, 17, tzinfo=UTC)
+    monkeypatch.setenv(START_DATE_ENV, "2026-11-22T18:00:00+01:00")
+    assert kdq_start_date(default) == datetime(2026, 11, 22, 17, tzinfo=UTC)
+    monkeypatch.setenv(START_DATE_ENV, "2026-11-22 17:00")  # no zone: UTC
+    assert kdq_start_date(default) == datetime(2026, 11, 22, 17, tzinfo=UTC)
+    monkeypatch.setenv(START_DATE_ENV, "yesterday")
+    with pytest.raises(ValueError, match=START_DATE_ENV):
+        kdq_start_date(default)
+
+
+def test_local_run_start_date_bounds_the_catch_up() -> None:
+    from kdq.stack.airflow import START_DATE_ENV as SET_BY_THE_LOCAL_RUN
+    from kdq.stack.airflow import local_start_date
+
+    assert SET_BY_THE_LOCAL_RUN == START_DATE_ENV
+    first = datetime(2026, 11, 22, 9, 41, tzinfo=UTC)
+    # Fresh start: the current hour, so the first scheduled run is for this hour, at its end.
+    assert local_start_date(first, datetime(2026, 11, 22, 9, 42, tzinfo=UTC)) == datetime(2026, 11, 22, 9, tzinfo=UTC)
+    # Restarted an hour later: the missed hour is caught up.
+    assert local_start_date(first, datetime(2026, 11, 22, 11, 5, tzinfo=UTC)) == datetime(2026, 11, 22, 9, tzinfo=UTC)
+    # Restarted days later: only the last two full hours.
+    later = datetime(2026, 11, 25, 8, 30, tzinfo=UTC)
+    assert local_start_date(first, later) == datetime(2026, 11, 25, 6, tzinfo=UTC)
+    assert local_start_date(first, later, catchup_hours=0) == datetime(2026, 11, 25, 8, tzinfo=UTC)
+

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from kdq.config import Config
+from kdq.stack.airflow import LocalAirflow
 from kdq.stack.manager import LocalStack
 from tests.conftest import make_config
 
@@ -42,3 +45,55 @@ def topic_name() -> str:
 @pytest.fixture
 def table_dir(tmp_path: Path) -> Path:
     return tmp_path / "tables"
+
+
+@dataclass(frozen=True)
+class AirflowSetup:
+    """A local Airflow (its own home and SQLite database) whose DAGs drive an isolated kdq config."""
+
+    config: Config
+    airflow: LocalAirflow
+    prefix: str  # the stream of this config sees only topics starting with it
+
+
+@pytest.fixture(scope="session")
+def airflow_local(local_stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowSetup]:
+    """One Airflow home and metadata database for every Airflow test, against the session's stack.
+
+    Only the database is created here (what `airflow dags test` needs); :func:`airflow_services` starts the
+    scheduler, DAG processor, API server and triggerer. DAGs start paused, and their start date is the
+    current hour: an unpaused hourly DAG has no scheduled run before the next hour, while test runs for
+    later logical dates still get their tasks (Airflow creates none for a manual run before the start date;
+    backfills are exempt). The stream a supervisor DAG starts and Airflow itself are stopped (process
+    groups) at the end.
+    """
+    from kdq.stack.airflow import START_DATE_ENV, LocalAirflow, floor_hour
+    from kdq.stack.procs import free_port
+    from kdq.stream_process import stop_stream
+    from tests.integration.helpers import isolated_config, write_config_file
+
+    data_dir = tmp_path_factory.mktemp("airflow")
+    prefix = f"af{uuid.uuid4().hex[:6]}"
+    # Spark jobs and the stream in C1-only JIT: they start faster, and test batches are small.
+    config = isolated_config(
+        local_stack, data_dir, prefix,
+        spark={"conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}},
+    )
+    config = write_config_file(config, data_dir / "kdq.toml")
+    start = floor_hour(datetime.now(UTC))
+    airflow = LocalAirflow(config, free_port(), paused=True, extra_env={START_DATE_ENV: start.isoformat()})
+    try:
+        airflow.migrate()
+        yield AirflowSetup(config, airflow, prefix)
+    finally:
+        airflow.stop(timeout=60)
+        stop_stream(config, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def airflow_services(airflow_local: AirflowSetup) -> AirflowSetup:
+    """Airflow standalone (scheduler, DAG processor, API server, triggerer) on the shared home, until the
+    session ends (airflow_local stops it); healthy and with every kdq DAG parsed."""
+    airflow_local.airflow.start(timeout=300)
+    airflow_local.airflow.wait_for_dags(timeout=180)
+    return airflow_local

@@ -8,9 +8,13 @@ jobs, the CLI, Airflow tasks) resolves the broker and InfluxDB from there.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from kdq.config import Config
+from kdq.stack.airflow import PORT_ENV as AIRFLOW_PORT_ENV
+from kdq.stack.airflow import USERNAME as AIRFLOW_USER
+from kdq.stack.airflow import LocalAirflow
 from kdq.stack.influx import LocalInflux
 from kdq.stack.kafka import LocalKafka
 from kdq.stack.procs import free_port
@@ -37,6 +41,7 @@ def _ports(config: Config) -> dict[str, int]:
         "kafka_controller_port": config.kafka.local_controller_port,
         "influx_port": config.influxdb.local_port,
         "influx_rpc_port": config.influxdb.local_rpc_port,
+        "airflow_port": int(os.environ.get(AIRFLOW_PORT_ENV) or 0),
     }
     ports = {key: value or int(state.get(key) or 0) or free_port() for key, value in wanted.items()}
     if ports != {k: state.get(k) for k in ports}:
@@ -51,6 +56,8 @@ class LocalStack:
         ports = _ports(config)
         self.kafka = LocalKafka(config, ports["kafka_port"], ports["kafka_controller_port"])
         self.influx = LocalInflux(config, ports["influx_port"], ports["influx_rpc_port"])
+        # Started by `make run` (kdq run), not by `up`: the stack alone is what tests and jobs need.
+        self.airflow = LocalAirflow(config, ports["airflow_port"])
 
     def up(self) -> list[ComponentStatus]:
         """Start what is not running and wait until healthy. Starting twice is harmless."""
@@ -63,8 +70,14 @@ class LocalStack:
     def down(self) -> list[str]:
         """Stop every component; returns the names of those that were running."""
         from kdq.stream_process import stop_stream
+        from kdq.traffic import stop_demo
 
-        stopped = ["stream"] if stop_stream(self.config) else []
+        # The producer first, then Airflow (its supervisor would restart the stream), then the stream.
+        stopped = ["demo"] if stop_demo(self.config) else []
+        if self.airflow.stop():
+            stopped.append("airflow")
+        if stop_stream(self.config):
+            stopped.append("stream")
         for name, component in (("influxdb", self.influx), ("kafka", self.kafka)):
             if component.stop():
                 stopped.append(name)
@@ -83,6 +96,20 @@ class LocalStack:
                 result.append(ComponentStatus(name, address, running, False, f"probe failed: {exc}"))
                 continue
             result.append(ComponentStatus(name, address, running, healthy))
+        # Airflow and the demo producer are listed while they run (`make run`); a stack started with
+        # `kdq up` alone is healthy without them.
+        if self.airflow.process.running():
+            try:
+                healthy = self.airflow.healthy()
+            except Exception:
+                healthy = False
+            result.append(ComponentStatus("airflow", self.airflow.url, True, healthy, f"login {AIRFLOW_USER} / {self.airflow.password()}"))
+        from kdq.traffic import demo_process, read_stats
+
+        if demo_process(self.config).running():
+            stats = read_stats(self.config) or {}
+            detail = f"{stats.get('produced', 0)} records produced, {stats.get('failed', 0)} failed"
+            result.append(ComponentStatus("demo", ",".join(stats.get("topics", {})) or "-", True, True, detail))
         from kdq.spark.session import REQUIRED_JAR_PREFIXES
 
         jars = sorted((self.config.jars_dir / "spark").glob("*.jar"))

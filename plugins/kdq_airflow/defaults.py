@@ -1,0 +1,49 @@
+"""What every kdq DAG shares: default task arguments and the start date.
+
+Both are read while Airflow parses the DAG files, so they are plain values: no connection, no file, only
+the process environment (which the scheduler, the DAG processor and the task workers share).
+
+The start date is fixed in a deployment (a moving ``start_date`` makes the scheduler skip or repeat
+intervals). The local run (``make run``, :mod:`kdq.stack.airflow`) sets ``KDQ_AIRFLOW_START_DATE`` to the
+hour Airflow was first started there (moved forward to at most a few hours ago on a later start): with
+``catchup=True`` the hourly DAG then runs the hours since that start instead of every hour since
+:data:`DEFAULT_START_DATE`; older hours remain reachable with ``airflow backfill create``, which does
+not look at the start date.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+DEFAULT_START_DATE = datetime(2026, 11, 1, tzinfo=UTC)
+START_DATE_ENV = "KDQ_AIRFLOW_START_DATE"
+
+
+def kdq_default_args(**overrides: Any) -> dict[str, Any]:
+    """Task defaults of every kdq DAG (retries with exponential backoff, a timeout), with per-DAG overrides."""
+    return {
+        "owner": "kdq",
+        "retries": 1,
+        "retry_delay": timedelta(minutes=1),
+        "retry_exponential_backoff": True,
+        "execution_timeout": timedelta(minutes=30),
+        **overrides,
+    }
+
+
+def kdq_start_date(default: datetime = DEFAULT_START_DATE) -> datetime:
+    """``$KDQ_AIRFLOW_START_DATE`` (ISO-8601, UTC when no zone is given) or ``default``.
+
+    A malformed value raises, so the DAG shows an import error naming the variable instead of silently
+    scheduling from another date.
+    """
+    value = os.environ.get(START_DATE_ENV, "").strip()
+    if not value:
+        return default
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise ValueError(f"{START_DATE_ENV}={value!r}: expected an ISO-8601 date-time") from exc
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
