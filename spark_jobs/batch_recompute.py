@@ -117,6 +117,14 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
         if not pushed["influx_ok"]:
             InfluxPushState(config).record_failure(started_ms, pushed.get("influx_error", "batch push failed"))
             summary["ok"] = False
+    # Streaming summaries: same interval, same app id and protocol, their own tables.
+    summary["summaries"] = bl.recompute_summaries(
+        spark, config, interval, run_id, getattr(args, "reason", None) or "late_data", push=not getattr(args, "skip_push", False)
+    )
+    if not summary["summaries"]["ok"]:
+        error = summary["summaries"].get("push", {}).get("influx_error", "summary push failed")
+        InfluxPushState(config).record_failure(started_ms, error)
+        summary["ok"] = False
     summary["seconds"] = round(time.monotonic() - started, 2)
     print(json.dumps(summary, default=str), flush=True)
     return summary

@@ -7,7 +7,8 @@ has MERGEd the interval's corrections into window_counts. Every (topic,
 window, status) the corrections table holds for the interval (this run's and
 any earlier attempt's) gets its current absolute count, read back from
 window_counts: one metrics-topic message per key, one InfluxDB point per
-window with both fields. Absolute values make a re-run harmless, so a failed
+window with both fields; likewise every streaming-summary group the interval
+corrected (summary_corrections → summaries). Absolute values make a re-run harmless, so a failed
 push is fixed by running the task again. When InfluxDB refuses the points the
 failure is recorded in the stream's push state (for the InfluxDB catch-up)
 and the job exits 1; a metrics-topic failure raises. Prints a JSON summary.
@@ -48,6 +49,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
     """Push one interval's corrected windows in an existing session; returns (and prints) the JSON summary."""
     from kdq.spark import batch_layer as bl
     from kdq.spark.speed_layer import InfluxPushState
+    from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections
     from kdq.spark.tables import ensure_tables
     from kdq.spark.writers import now_ms
 
@@ -64,8 +66,12 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
     }
     pushed = bl.push_corrections(spark, config, keys)
     summary["push"] = pushed
-    if not pushed["influx_ok"]:
-        InfluxPushState(config).record_failure(started_ms, pushed.get("influx_error", "batch push failed"))
+    summary_keys = interval_summary_corrections(spark, config, interval)
+    summary["corrected_summary_groups"] = len(summary_keys)
+    summary["summaries_push"] = push_summary_corrections(spark, config, summary_keys) if summary_keys else None
+    errors = [p.get("influx_error", "batch push failed") for p in (pushed, summary["summaries_push"]) if p and not p["influx_ok"]]
+    if errors:
+        InfluxPushState(config).record_failure(started_ms, "; ".join(errors))
         summary["ok"] = False
     summary["seconds"] = round(time.monotonic() - started, 2)
     print(json.dumps(summary, default=str), flush=True)

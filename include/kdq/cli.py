@@ -199,6 +199,8 @@ def _run(config: Config, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kdq.traffic import DEFAULT_TOPICS
+
     parser = argparse.ArgumentParser(prog="kdq", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="config file (default: $KDQ_CONFIG or kdq.toml)")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -238,8 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="produce demo traffic: valid, invalid, out-of-order and late JSON records at a fixed rate"
     )
     demo.add_argument("--rate", type=float, default=50.0, help="records per second over all topics (default 50)")
-    demo.add_argument("--topics", default="orders,payments",
-                      help="comma-separated topic[:kind]; kinds: orders, payments, json (default orders,payments)")
+    demo.add_argument("--topics", default=DEFAULT_TOPICS,
+                      help=f"comma-separated topic[:kind]; kinds: orders, payments, measurements, json (default {DEFAULT_TOPICS})")
     demo.add_argument("--partitions", type=int, default=3, help="partitions of topics it creates (default 3)")
     demo.add_argument("--invalid-ratio", type=float, default=0.1, help="fraction of invalid records (default 0.1)")
     demo.add_argument("--out-of-order", type=float, default=0.05,

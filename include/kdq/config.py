@@ -18,11 +18,12 @@ import os
 import re
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "KDQ_"
 CONFIG_FILE_ENV = "KDQ_CONFIG"
@@ -160,6 +161,108 @@ class InfluxConfig(_Section):
         return value
 
 
+SUMMARY_PATTERN_PREFIX = "re:"
+_PATH_SEGMENT = re.compile(r"[^.\s'\"]+")
+
+
+def _check_json_path(value: str) -> str:
+    """A dotted field path (``value``, ``labels.env``): the same syntax as a rule's event_time_field."""
+    if not value or not all(_PATH_SEGMENT.fullmatch(part) for part in value.split(".")):
+        raise ValueError(f"expected a dotted JSON field path such as 'value' or 'labels.env', got {value!r}")
+    return value
+
+
+class SummaryConfig(_Section):
+    """One streaming summary (``[[summaries]]`` in kdq.toml): statistics of a numeric field per window and group.
+
+    ``topic`` is an exact topic name or ``re:<regex>`` (whole-name match, like
+    the rules). The topic is always part of a summary's key: lateness is
+    judged per topic, so a window is closed topic by topic.
+    """
+
+    name: str = Field(description="identifier; InfluxDB measurement and metrics-topic key")
+    topic: str = Field(description="exact topic name, or re:<regex> (full match)")
+    value: str = Field(description="dotted JSON path of the numeric field")
+    group_by: tuple[str, ...] = Field(default=(), description="dotted JSON paths of the group fields")
+    window_seconds: int = Field(default=600, gt=0)
+    allowed_lateness_seconds: int = Field(default=3600, ge=0)
+    significant_digits: int | None = Field(default=None, ge=1, le=15)
+    step: float | None = Field(default=None, gt=0)
+    percentiles: tuple[float, ...] = (50.0, 90.0, 99.0)
+    max_groups: int = Field(default=10_000, gt=0, description="groups per (summary, topic, window)")
+    max_buckets: int = Field(default=20_000, gt=0, description="histogram buckets per (summary, topic, window, group)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError(f"expected an identifier (letters, digits, _), got {value!r}")
+        return value
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, value: str) -> str:
+        if not value:
+            raise ValueError("expected a topic name or re:<regex>")
+        if value.startswith(SUMMARY_PATTERN_PREFIX):
+            _check_regex(value[len(SUMMARY_PATTERN_PREFIX) :])
+        return value
+
+    _paths = field_validator("value")(_check_json_path)
+
+    @field_validator("group_by")
+    @classmethod
+    def _group_by(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            _check_json_path(path)
+        if len(set(value)) != len(value):
+            raise ValueError(f"group fields must be distinct, got {list(value)}")
+        return value
+
+    @field_validator("percentiles")
+    @classmethod
+    def _percentiles(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value:
+            raise ValueError("expected at least one percentile")
+        for q in value:
+            if not 0 < q <= 100:
+                raise ValueError(f"percentiles must be in (0, 100], got {q}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"percentiles must be distinct, got {list(value)}")
+        return value
+
+    @field_validator("step")
+    @classmethod
+    def _step(cls, value: float | None) -> float | None:
+        # Buckets are multiples of the step's decimal value (kdq.summaries.step_decimal); with at
+        # most 3 digits and 1e12 steps they have at most 15 digits, so each is a distinct double.
+        if value is not None and len(Decimal(repr(float(value))).normalize().as_tuple().digits) > 3:
+            raise ValueError(f"a step has at most 3 significant digits (0.5, 0.25, 10, 0.001), got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _precision(self) -> SummaryConfig:
+        if self.significant_digits is not None and self.step is not None:
+            raise ValueError("set either significant_digits or step, not both")
+        if self.significant_digits is None and self.step is None:
+            object.__setattr__(self, "significant_digits", 3)
+        return self
+
+    @property
+    def is_pattern(self) -> bool:
+        return self.topic.startswith(SUMMARY_PATTERN_PREFIX)
+
+    @property
+    def topic_match(self) -> str:
+        """The exact name, or the regex without its ``re:`` prefix."""
+        return self.topic[len(SUMMARY_PATTERN_PREFIX) :] if self.is_pattern else self.topic
+
+    def matches(self, topic: str) -> bool:
+        if self.is_pattern:
+            return re.fullmatch(self.topic_match, topic) is not None
+        return topic == self.topic
+
+
 class Config(_Section):
     """Typed, frozen configuration. Build it with :func:`load_config`."""
 
@@ -170,6 +273,37 @@ class Config(_Section):
     spark: SparkConfig = SparkConfig()
     stream: StreamConfig = StreamConfig()
     influxdb: InfluxConfig = InfluxConfig()
+    summaries: tuple[SummaryConfig, ...] = ()
+
+    @model_validator(mode="after")
+    def _summaries_fit_the_stream(self) -> Config:
+        names: set[str] = set()
+        for i, summary in enumerate(self.summaries):
+            if summary.name in names:
+                raise ValueError(f"summaries[{i}].name: {summary.name!r} is defined twice")
+            names.add(summary.name)
+            if summary.window_seconds % self.stream.window_seconds:
+                # A summary window is a whole number of count windows, so both layers can
+                # derive it from the classified window_start (see kdq.spark.summaries).
+                raise ValueError(
+                    f"summaries[{i}].window_seconds: {summary.window_seconds} is not a multiple of "
+                    f"stream.window_seconds ({self.stream.window_seconds})"
+                )
+        return self
+
+    def with_summaries(self, summaries: Sequence[Mapping[str, Any] | SummaryConfig]) -> Config:
+        """This config with another list of summaries, validated like the file's (tests, tools)."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields if name != "summaries"}
+        try:
+            return type(self).model_validate({**fields, "summaries": list(summaries)})
+        except ValidationError as exc:
+            raise ConfigError(f"invalid summaries: {exc}") from None
+
+    def summary(self, name: str) -> SummaryConfig:
+        for summary in self.summaries:
+            if summary.name == name:
+                return summary
+        raise KeyError(f"no summary named {name!r} (configured: {[s.name for s in self.summaries]})")
 
     def path(self, relative: Path | str) -> Path:
         p = Path(relative).expanduser()
@@ -252,6 +386,8 @@ def _merge_env(raw: dict[str, dict[str, Any]], env: Mapping[str, str], origins: 
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        if section == "summaries":
+            raise ConfigError(f"{name}: summaries are defined in the config file only ([[summaries]] tables)")
         if section not in _SECTIONS:
             raise ConfigError(f"{name}: unknown section {section!r}{_suggest(section, list(_SECTIONS))}")
         fields = _SECTIONS[section].model_fields
@@ -301,6 +437,13 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
         for section, values in data.items():
+            if section == "summaries":
+                if not isinstance(values, list) or not all(isinstance(v, dict) for v in values):
+                    raise ConfigError(f"{file}: summaries must be an array of tables ([[summaries]])")
+                raw[section] = [dict(v) for v in values]
+                for i in range(len(values)):
+                    origins[f"summaries.{i}"] = str(file)
+                continue
             if section not in _SECTIONS:
                 raise ConfigError(f"{file}: unknown section [{section}]{_suggest(section, list(_SECTIONS))}")
             if not isinstance(values, dict):
@@ -313,6 +456,10 @@ def load_config(
             raw[section] = dict(values)
     _merge_env(raw, env, origins)
     for section, values in (overrides or {}).items():
+        if section == "summaries":
+            raw[section] = [dict(v) for v in values]  # a list replaces the file's, it is not merged
+            origins.update({f"summaries.{i}": "overrides" for i in range(len(values))})
+            continue
         raw.setdefault(section, {}).update(values)
         for key in values:
             origins[f"{section}.{key}"] = "overrides"
@@ -322,9 +469,16 @@ def load_config(
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            key = ".".join(str(part) for part in err["loc"])
-            origin = origins.get(".".join(str(part) for part in err["loc"][:2]), "defaults")
-            problems.append(f"{key} (from {origin}): {err['msg']}, got {err.get('input')!r}")
+            loc = [str(part) for part in err["loc"]]
+            origin = origins.get(".".join(loc[:2]), "defaults")
+            if loc[:1] == ["summaries"] and len(loc) >= 2 and loc[1].isdigit():
+                entry = raw["summaries"][int(loc[1])]
+                named = f" (name {entry['name']!r})" if isinstance(entry, dict) and "name" in entry else ""
+                loc = [f"summaries[{loc[1]}]{named}", *loc[2:]]
+            if not loc:  # a check across sections (Config's own validator): its message names the keys
+                problems.append(str(err["msg"]).removeprefix("Value error, "))
+                continue
+            problems.append(f"{'.'.join(loc)} (from {origin}): {err['msg']}, got {err.get('input')!r}")
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
 
 

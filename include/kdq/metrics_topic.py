@@ -81,3 +81,25 @@ def produce_counts(config: Config, rows: Iterable[Mapping], timeout: float = 60.
     if remaining or errors:
         raise KafkaException(f"metrics topic {config.kafka.metrics_topic}: {remaining} unsent, errors: {errors[:5]}")
     return sent
+
+
+def produce_messages(config: Config, messages: Iterable[tuple[str, str]], timeout: float = 60.0, producer=None) -> int:
+    """Send (key, value) text pairs (e.g. summary statistics); raises if any is not acknowledged in time."""
+    from confluent_kafka import KafkaException
+
+    producer = producer or metrics_producer(config)
+    errors: list[str] = []
+
+    def on_delivery(err, msg) -> None:
+        if err is not None:
+            errors.append(f"{msg.key()!r}: {err}")
+
+    sent = 0
+    for key, value in messages:
+        producer.produce(config.kafka.metrics_topic, key=key, value=value, on_delivery=on_delivery)
+        sent += 1
+        producer.poll(0)
+    remaining = producer.flush(timeout)
+    if remaining or errors:
+        raise KafkaException(f"metrics topic {config.kafka.metrics_topic}: {remaining} unsent, errors: {errors[:5]}")
+    return sent

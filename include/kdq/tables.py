@@ -134,10 +134,83 @@ CORRECTIONS = TableSpec(
     comment="Every change the batch layer made to window_counts.",
 )
 
+# Streaming summaries (kdq.summaries, kdq.spark.summaries).
+
+SUMMARIES = TableSpec(
+    name="summaries",
+    columns=(
+        ("summary", "STRING"),
+        ("topic", "STRING"),
+        ("window_start", "TIMESTAMP"),
+        ("window_end", "TIMESTAMP"),
+        # Canonical JSON of the group values in the configured order: the MERGE key
+        # (a map cannot be compared or grouped on); `groups` is the same for SQL users.
+        ("group_key", "STRING"),
+        ("groups", "MAP<STRING, STRING>"),
+        # The mergeable state ...
+        ("count", "BIGINT"),
+        ("sum", "DOUBLE"),
+        ("sum_sq", "DOUBLE"),
+        ("min", "DOUBLE"),
+        ("max", "DOUBLE"),
+        ("hist", "MAP<DOUBLE, BIGINT>"),
+        ("rejected", "MAP<STRING, BIGINT>"),
+        # ... and what is derived from it, recomputed by every write (kdq.spark.summaries.derived_sql).
+        ("mean", "DOUBLE"),
+        ("stddev", "DOUBLE"),
+        ("percentiles", "MAP<STRING, DOUBLE>"),
+        ("precision", "STRING"),
+        ("updated_at", "TIMESTAMP"),
+        ("updated_by", "STRING"),
+        ("window_date", "DATE"),
+    ),
+    partitioned_by=("window_date",),
+    comment="Per (summary, topic, window, group): count, sum, sum of squares, min, max, bucket histogram; statistics.",
+)
+
+SUMMARY_LATE_WINDOWS = TableSpec(
+    name="summary_late_windows",
+    columns=(
+        ("summary", "STRING"),
+        ("topic", "STRING"),
+        ("window_start", "TIMESTAMP"),
+        ("rows", "BIGINT"),
+        ("ingest_time", "TIMESTAMP"),
+        ("batch_id", "BIGINT"),
+    ),
+    # The archive's `counted` flag is about the count windows; a summary has its own window
+    # size and lateness, so the stream records here which summary windows it left to the
+    # batch layer (appended once per micro-batch, only when there are any).
+    comment="Summary windows that received records too late for the speed layer (for the hourly batch layer).",
+)
+
+SUMMARY_CORRECTIONS = TableSpec(
+    name="summary_corrections",
+    columns=(
+        ("summary", "STRING"),
+        ("topic", "STRING"),
+        ("window_start", "TIMESTAMP"),
+        ("group_key", "STRING"),
+        ("old_count", "BIGINT"),
+        ("new_count", "BIGINT"),
+        ("old_stats", "STRING"),
+        ("new_stats", "STRING"),
+        ("interval_start", "TIMESTAMP"),
+        ("interval_end", "TIMESTAMP"),
+        ("run_id", "STRING"),
+        ("reason", "STRING"),
+        ("corrected_at", "TIMESTAMP"),
+    ),
+    comment="Every change the batch layer made to summaries (statistics before and after as JSON).",
+)
+
+SUMMARY_TABLES: tuple[TableSpec, ...] = (SUMMARIES, SUMMARY_LATE_WINDOWS, SUMMARY_CORRECTIONS)
+
 ALL_TABLES: tuple[TableSpec, ...] = (
     RAW_ARCHIVE,
     WINDOW_COUNTS,
     INVALID_REASONS,
     QUARANTINE,
     CORRECTIONS,
+    *SUMMARY_TABLES,
 )

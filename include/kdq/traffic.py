@@ -7,6 +7,8 @@ Each topic has a **record kind** that knows how a good document looks and how it
   their invalid records break one rule each (a missing field, a negative amount, an unknown currency,
   an extra field, ...), so the invalid-reason breakdown shows several ``schema:<pointer>`` reasons;
 * ``json``, for topics without a rule: any JSON object is valid;
+* ``measurements`` (topic ``ops.metrics``): numeric server measurements for the streaming summary
+  ``ops_metrics`` configured in ``kdq.toml`` (:class:`MeasurementsKind`);
 * every kind also produces undecodable values (``not_json``, ``not_utf8``) among its invalid records.
 
 Timing, per record: *on time* (event time = now), *out of order* (event time up to 80 % of the allowed
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import signal
 import sys
@@ -159,7 +162,47 @@ class PaymentsKind(RecordKind):
         return document["order_id"].encode()
 
 
-KINDS: dict[str, RecordKind] = {kind.name: kind for kind in (OrdersKind(), PaymentsKind(), RecordKind())}
+# (metric, log-normal median, sigma): heavy right tails, like real waits and latencies.
+MEASUREMENT_SERIES = (("db_wait_ms", 4.0, 1.1), ("cpu_time_ms", 25.0, 0.6), ("request_latency_ms", 80.0, 0.8))
+MEASUREMENT_ENVS = (("prod", 12), ("staging", 4), ("dev", 2))  # (environment, servers)
+
+
+class MeasurementsKind(RecordKind):
+    """Server measurements for the streaming summary ``ops_metrics`` of ``kdq.toml`` (topic ``ops.metrics``).
+
+    The topic has no rule, so only undecodable values are invalid. About 1 % of the valid records carry
+    a value the summary cannot use (the text ``"n/a"``, or no ``value`` at all): they stay valid in the
+    quality counts and show up in the summary row's ``rejected`` counts.
+    """
+
+    name = "measurements"
+    unusable_share = 0.01
+
+    def document(self, rng: random.Random, seq: int, event_ms: int) -> dict:
+        env, servers = MEASUREMENT_ENVS[rng.randrange(len(MEASUREMENT_ENVS))]
+        metric, median, sigma = MEASUREMENT_SERIES[rng.randrange(len(MEASUREMENT_SERIES))]
+        document: dict[str, Any] = {
+            "ts": event_ms,
+            "env": env,
+            "host": f"{env}-db-{rng.randrange(servers):02d}",
+            "metric": metric,
+            "value": round(rng.lognormvariate(math.log(median), sigma), 3),
+        }
+        draw = rng.random()
+        if draw < self.unusable_share / 2:
+            document["value"] = "n/a"
+        elif draw < self.unusable_share:
+            del document["value"]
+        return document
+
+    def key(self, document: dict) -> bytes | None:
+        return document["host"].encode()
+
+
+KINDS: dict[str, RecordKind] = {
+    kind.name: kind for kind in (OrdersKind(), PaymentsKind(), MeasurementsKind(), RecordKind())
+}
+DEFAULT_TOPICS = "orders,payments,ops.metrics:measurements"
 
 
 def parse_topics(text: str) -> tuple[tuple[str, str], ...]:
@@ -184,7 +227,7 @@ def parse_topics(text: str) -> tuple[tuple[str, str], ...]:
 class TrafficSpec:
     """What to produce. Fractions are per record; ``out_of_order`` and ``late`` exclude each other."""
 
-    topics: tuple[tuple[str, str], ...] = (("orders", "orders"), ("payments", "payments"))
+    topics: tuple[tuple[str, str], ...] = (("orders", "orders"), ("payments", "payments"), ("ops.metrics", "measurements"))
     rate: float = 50.0
     partitions: int = 3
     invalid_ratio: float = 0.1

@@ -115,6 +115,12 @@ class KdqSparkJobOperator(BaseOperator):
             self._hook.on_kill()
 
 
+def _no_summary_late_windows(recompute_summary: dict) -> bool:
+    """The streaming summaries' part of the recompute found no late window (or there are no summaries)."""
+    part = recompute_summary.get("summaries")
+    return not isinstance(part, dict) or part.get("late_windows", 0) == 0
+
+
 class PushCorrectionsOperator(KdqSparkJobOperator):
     """``spark_jobs/push_corrections.py`` for the data interval, unless the recompute found no late window.
 
@@ -131,7 +137,7 @@ class PushCorrectionsOperator(KdqSparkJobOperator):
 
     def execute(self, context: Any) -> dict | None:
         summary = context["ti"].xcom_pull(task_ids=self.recompute_task_id)
-        if isinstance(summary, dict) and summary.get("late_windows") == 0:
+        if isinstance(summary, dict) and summary.get("late_windows") == 0 and _no_summary_late_windows(summary):
             self.log.info("the recompute found no late window in this interval: nothing to push")
             return None
         return super().execute(context)

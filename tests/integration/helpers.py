@@ -144,3 +144,110 @@ def wait_for(check, timeout: float, what: str, interval: float = 1.0):
             return last
         time.sleep(interval)
     raise AssertionError(f"{what}: not reached within {timeout:.0f}s (last: {last!r})")
+
+
+# -- streaming summaries: ground truth with numpy, and readers of every output -------------------------
+
+
+def truncate_significant(x: float, digits: int) -> float:
+    """The test side's own bucket: the value's shortest decimal (repr) truncated toward zero (decimal module)."""
+    from decimal import ROUND_DOWN, Decimal
+
+    d = Decimal(repr(float(x)))
+    if d == 0 or abs(d) < Decimal("1e-300"):
+        return 0.0
+    return float(d.quantize(Decimal(1).scaleb(d.adjusted() - digits + 1), rounding=ROUND_DOWN))
+
+
+def numpy_summary(values: list[float], digits: int, percentiles=(50, 90, 99)) -> dict:
+    """count, sum, min, max, mean, population stddev, and nearest-rank percentiles of the truncated values."""
+    import numpy as np
+
+    raw = np.array(values, dtype=float)
+    truncated = np.array([truncate_significant(x, digits) for x in values])
+    out = {
+        "count": len(values),
+        "sum": float(raw.sum()),
+        "min": float(raw.min()),
+        "max": float(raw.max()),
+        "mean": float(raw.mean()),
+        "stddev": float(raw.std(ddof=0)),
+    }
+    for q in percentiles:
+        out[f"p{q:g}"] = float(np.percentile(truncated, q, method="inverted_cdf"))
+    return out
+
+
+def summary_rows(spark, config: Config, name: str | None = None) -> dict[tuple[str, str, int, str], dict]:
+    """(summary, topic, window_start_ms, group_key) → the Delta row, as a dict."""
+    from pyspark.sql import functions as F
+
+    path = config.tables_dir / "summaries"
+    if not any((path / "_delta_log").glob("*.json")):
+        return {}
+    df = spark.read.format("delta").load(str(path))
+    if name:
+        df = df.where(F.col("summary") == name)
+    rows = df.withColumn("w", F.unix_millis("window_start")).collect()
+    return {(r["summary"], r["topic"], r["w"], r["group_key"]): r.asDict() for r in rows}
+
+
+def latest_summary_metrics(config: Config, timeout: float = 30.0) -> dict[tuple[str, str, int, str], dict]:
+    """Latest statistics per summary key on the metrics topic; the group as canonical JSON text."""
+    consumer = Consumer({"bootstrap.servers": config.kafka_bootstrap(), "group.id": f"t-{uuid.uuid4().hex}"})
+    topic = config.kafka.metrics_topic
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        partitions = [TopicPartition(topic, p, 0) for p in meta.partitions]
+        ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in partitions}
+        consumer.assign(partitions)
+        latest: dict[tuple[str, str, int, str], dict] = {}
+        position = {p: 0 for p in ends}
+        deadline = time.monotonic() + timeout
+        while any(position[p] < ends[p] for p in ends) and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            position[msg.partition()] = msg.offset() + 1
+            key = json.loads(msg.key())
+            if "summary" in key:
+                group = json.dumps(key["group"], separators=(",", ":"))
+                latest[(key["summary"], key["topic"], key["window"], group)] = json.loads(msg.value())
+        return latest
+    finally:
+        consumer.close()
+
+
+def influx_summary_points(config: Config, measurement: str) -> dict[tuple[int, tuple], dict]:
+    """(time_ms, sorted tag items) → fields, for every series of a summary's measurement."""
+    response = requests.get(
+        f"{config.influx_url()}/query",
+        params={"db": config.influxdb.database, "q": f'SELECT * FROM "{measurement}" GROUP BY *', "epoch": "ms"},
+        timeout=10,
+    )
+    response.raise_for_status()
+    out: dict[tuple[int, tuple], dict] = {}
+    for series in response.json()["results"][0].get("series", []):
+        tags = tuple(sorted((k, v) for k, v in series.get("tags", {}).items() if v != ""))
+        for values in series["values"]:
+            fields = {c: v for c, v in zip(series["columns"], values, strict=True) if c != "time" and v is not None}
+            out[(values[0], tags)] = fields
+    return out
+
+
+def write_config_file_with_summaries(config: Config, path: Path) -> Config:
+    """write_config_file, plus the config's [[summaries]] tables."""
+    write_config_file(config, path)
+    lines = []
+    for summary in config.summaries:
+        lines.append("[[summaries]]")
+        for key, value in summary.model_dump(exclude_none=True).items():
+            if isinstance(value, (list, tuple)):
+                lines.append(f"{key} = [{', '.join(_toml_value(v) for v in value)}]")
+            else:
+                lines.append(f"{key} = {_toml_value(value)}")
+    with open(path, "a") as out:
+        out.write("\n".join(lines) + "\n")
+    from kdq.config import load_config
+
+    return load_config(path=path, env={})

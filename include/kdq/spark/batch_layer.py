@@ -186,7 +186,7 @@ def recompute_counts(archive_df: DataFrame, windows_df: DataFrame, window_second
 # -- Delta side effects ----------------------------------------------------------------------------
 
 
-def _txn_version(spark: SparkSession, path: str, app_id: str) -> int:
+def txn_version(spark: SparkSession, path: str, app_id: str) -> int:
     """The last idempotent-write version ``app_id`` committed to the table at ``path`` (-1: none).
 
     Read from the Delta log's transaction actions, the same record Delta
@@ -197,6 +197,8 @@ def _txn_version(spark: SparkSession, path: str, app_id: str) -> int:
     snapshot = delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
     version = snapshot.transactions().get(app_id)
     return int(version.get()) if version.isDefined() else -1
+
+
 
 
 def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[dict]:
@@ -421,8 +423,8 @@ def _apply_once(
     reason: str,
     app_id: str,
 ) -> list[dict]:
-    vc = _txn_version(spark, table_path(config, CORRECTIONS), app_id)
-    vw = _txn_version(spark, table_path(config, WINDOW_COUNTS), app_id)
+    vc = txn_version(spark, table_path(config, CORRECTIONS), app_id)
+    vw = txn_version(spark, table_path(config, WINDOW_COUNTS), app_id)
     changed = _diff(spark, config, new_counts)
     if not changed:
         log.info("interval %s..%s: window_counts already equal the recomputation", iso(interval[0]), iso(interval[1]))
@@ -527,6 +529,20 @@ def push_corrections(
     return result
 
 
+def recompute_summaries(
+    spark: SparkSession, config: Config, interval: tuple[int, int], run_id: str, reason: str = "late_data", push: bool = True
+) -> dict[str, Any]:
+    """The streaming summaries' part of the hourly recompute (see :mod:`kdq.spark.summaries`).
+
+    Same interval, same app id (``kdq-batch-<interval start>``) and the same
+    corrections-then-MERGE protocol, on the summaries' own tables; run it
+    after :func:`apply_corrections` for the same interval.
+    """
+    from kdq.spark.summaries import recompute_summaries as recompute
+
+    return recompute(spark, config, interval, run_id, reason, push)
+
+
 def influx_catch_up(
     spark: SparkSession,
     config: Config,
@@ -585,6 +601,10 @@ def influx_catch_up(
                 batch = []
         if batch:
             summary["points"] += sink.write(count_points(batch))
+    if config.summaries:  # streaming summaries updated since then, too (their stream push shares the pending state)
+        from kdq.spark.summaries import influx_catch_up as summaries_catch_up
+
+        summary["summary_points"] = summaries_catch_up(spark, config, since, chunk)
     after = state.read()
     covered = pending is None or since <= pending
     if after.get("failures", 0) == before.get("failures", 0) and covered and after.get("pending_since_ms") is not None:

@@ -302,8 +302,8 @@ def apply_rebuild(
     app_id = rebuild_app_id(*interval)
 
     def apply_once() -> None:
-        vc = bl._txn_version(spark, table_path(config, CORRECTIONS), app_id)
-        vw = bl._txn_version(spark, table_path(config, WINDOW_COUNTS), app_id)
+        vc = bl.txn_version(spark, table_path(config, CORRECTIONS), app_id)
+        vw = bl.txn_version(spark, table_path(config, WINDOW_COUNTS), app_id)
         version = max(vc, vw) + 1
         if vc > vw:
             wanted = {(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed}
@@ -399,6 +399,15 @@ def rebuild(
                 ],
                 "ok": True,
             }
+            if config.summaries:  # the streaming summaries of the same records (kdq.spark.summaries)
+                from kdq.spark.summaries import rebuild_summaries
+
+                summary["summary_corrections"] = len(
+                    rebuild_summaries(
+                        spark, config, archive, selected, reclassified, from_ms, to_ms, topics, run_id,
+                        rebuild_app_id(from_ms, to_ms),
+                    )
+                )
         finally:
             reclassified.unpersist()
     finally:
@@ -412,4 +421,10 @@ def rebuild(
         pushed = bl.push_corrections(spark, config, keys)
         summary["push"] = pushed
         summary["ok"] = bool(pushed["influx_ok"])
+        if config.summaries:
+            from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections
+
+            pushed = push_summary_corrections(spark, config, interval_summary_corrections(spark, config, interval))
+            summary["summary_push"] = pushed
+            summary["ok"] = summary["ok"] and bool(pushed["influx_ok"])
     return summary

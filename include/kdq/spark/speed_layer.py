@@ -296,6 +296,16 @@ class SpeedLayer:
             increments = summary.window_increments
             merge_window_increments(self.spark, increments, self.config, self.app_id, batch_id)
             lap("merge_counts")
+            if self.config.summaries:  # streaming summaries: own MERGE, own guard, own outputs (kdq.spark.summaries)
+                from kdq.spark.summaries import stream_summaries
+
+                if self._producer is None:
+                    self._producer = metrics_producer(self.config)
+                stream_summaries(
+                    self.spark, self.config, classified, before, self.app_id, batch_id, ingest_ms,
+                    report.input_rows_by_topic, self._producer, self.push_state.record_failure, replayed,
+                )
+                lap("summaries")
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
 
             append_reason_increments(self.spark, summary.reason_increments, self.config, self.app_id, batch_id)

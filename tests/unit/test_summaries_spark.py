@@ -1,0 +1,184 @@
+"""Streaming summaries on local Spark + Delta: the SQL equals the pure Python definitions."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from pyspark.sql import functions as F
+
+from kdq.config import SummaryConfig
+from kdq.spark import summaries as ss
+from kdq.spark.tables import ensure_tables, table_path
+from kdq.summaries import (
+    MISSING,
+    NOT_NUMERIC,
+    OUT_OF_RANGE,
+    SummaryLimitError,
+    SummaryState,
+    bucket,
+    merge,
+    statistics,
+    step_decimal,
+)
+from kdq.tables import SUMMARIES
+from tests.conftest import make_config
+
+W0 = 1_700_000_400_000  # a multiple of 600 s
+APP = "test-app"
+
+
+def _edge_values() -> list[float]:
+    rng = random.Random(4)
+    values = [0.29, 9.995, -9.995, 1e-300, -1e-300, 9.99e-301, -12.345, 1e150, -1e150, 2e23, 0.1, 0.3, 0.7, 1000.0,
+              999.9999999999999, 1e-5, 0.0, -0.0, 7.0, 1e22, 1e23, 0.57, 2.675, 5e-324]
+    values += [rng.uniform(-1e6, 1e6) for _ in range(500)]
+    values += [math.copysign(10 ** rng.uniform(-300, 150), rng.random() - 0.5) for _ in range(500)]
+    values += [round(rng.uniform(0, 100), rng.randrange(0, 5)) for _ in range(500)]
+    return values
+
+
+PRECISIONS = ({"significant_digits": 1}, {"significant_digits": 3}, {"significant_digits": 15},
+              {"step": 0.5}, {"step": 0.1}, {"step": 0.001}, {"step": 10.0})
+
+
+def test_spark_buckets_equal_python(spark) -> None:
+    cases = []
+    for i, precision in enumerate(PRECISIONS):
+        s = SummaryConfig(name="s", topic="t", value="v", **precision)
+        mantissa, exponent = step_decimal(s.step) if s.step is not None else (None, None)
+        cases += [(i, x, s.significant_digits, mantissa, exponent, bucket(x, s))
+                  for x in _edge_values() if s.step is None or abs(x) / s.step < 1e12]
+    df = spark.createDataFrame(cases, "i INT, x DOUBLE, digits INT, step_m BIGINT, step_e INT, expected DOUBLE")
+    got = df.select("i", "x", "expected", ss.bucket_column().alias("b")).collect()
+    mismatches = [(PRECISIONS[r["i"]], r["x"], r["b"], r["expected"]) for r in got if r["b"] != r["expected"]]
+    assert len(got) == len(cases) and not mismatches, mismatches[:5]
+
+
+@pytest.fixture
+def config(tmp_path):
+    base = make_config(tmp_path, spark={"master": "local[2]", "shuffle_partitions": 2})
+    return base.with_summaries(
+        [
+            {"name": "wait", "topic": "re:ops\\..*", "value": "m.value", "group_by": ["env", "metric"],
+             "window_seconds": 600, "allowed_lateness_seconds": 60, "percentiles": [50, 90, 99, 99.9]},
+            {"name": "coarse", "topic": "ops.a", "value": "m.value", "step": 0.5, "window_seconds": 60},
+        ]
+    )
+
+
+def _classified(spark, rows):
+    """(topic, window_start_ms, valid, value text) → the classified columns the transforms read."""
+    return spark.createDataFrame(
+        [(t, w, v, None if text is None else text.encode()) for t, w, v, text in rows],
+        "topic STRING, w BIGINT, valid BOOLEAN, value BINARY",
+    ).select("topic", F.timestamp_millis("w").alias("window_start"), "valid", "value")
+
+
+def _doc(value, env="prod", metric="db") -> str:
+    return json.dumps({"env": env, "metric": metric, "m": {"value": value}})
+
+
+def test_values_and_states_match_the_python_reference(spark, config) -> None:
+    rng = random.Random(9)
+    rows, truth = [], {}
+    for _ in range(600):
+        value = rng.choice([rng.lognormvariate(3, 1), -rng.uniform(0, 50), rng.randrange(0, 1000)])
+        env = rng.choice(["prod", "dev"])
+        w = W0 + rng.randrange(0, 1200) * 1000
+        rows.append(("ops.a", w, True, _doc(value, env)))
+        truth.setdefault((w // 600_000 * 600_000, env), []).append(value)
+    odd = [None, "NaN", "12.5", True, [1], {"x": 1}, 1e308, 123456789012345678901234567890, 10**400]
+    rows += [("ops.a", W0, True, _doc(v)) for v in odd]
+    truth[(W0, "prod")] += odd
+    rows.append(("ops.a", W0, True, json.dumps({"env": "prod", "metric": "db"})))  # no m.value at all
+    truth[(W0, "prod")].append(None)
+    rows.append(("ops.a", W0, False, _doc(5.0)))  # invalid for the topic: not summarised
+    rows.append(("orders", W0, True, _doc(5.0)))  # another topic
+    values = ss.summary_values(_classified(spark, rows), config.summaries)
+    states = {
+        (r["summary"], r["window_start_ms"], r["group_key"]): r.asDict()
+        for r in ss.summary_states(values).collect()
+    }
+    wait = config.summary("wait")
+    for (w, env), vals in truth.items():
+        got = states[("wait", w, json.dumps({"env": env, "metric": "db"}, separators=(",", ":")))]
+        expected = SummaryState.of_values(vals, wait)
+        state = SummaryState.from_row(got)
+        assert (state.count, state.min, state.max, state.hist, state.rejected) == (
+            expected.count, expected.min, expected.max, expected.hist, expected.rejected
+        )
+        assert state.sum == pytest.approx(expected.sum, rel=1e-12)
+        assert got["groups"] == {"env": env, "metric": "db"} and got["late"] is False
+    assert SummaryState.from_row(states[("wait", W0, '{"env":"prod","metric":"db"}')]).rejected == {
+        MISSING: 2, NOT_NUMERIC: 5, OUT_OF_RANGE: 2
+    }
+    # The step summary: 60 s windows, no group, buckets floored to multiples of 0.5; in step mode the
+    # huge integer (1.2e29, beyond 1e12 steps) is out of range too.
+    coarse = [r for k, r in states.items() if k[0] == "coarse"]
+    assert {r["group_key"] for r in coarse} == {"{}"} and sum(r["count"] for r in coarse) == 600
+    assert sum(r["rejected"].get(OUT_OF_RANGE, 0) for r in coarse) == 3
+    assert all(float(b) * 2 == int(float(b) * 2) for r in coarse for b in r["hist"])
+
+
+def test_lateness_is_judged_per_topic_and_summary_window(spark, config) -> None:
+    # Watermark of ops.a: W0 + 700 s. "wait" (600 s windows, 60 s lateness): the window W0 ended at
+    # W0 + 600 s <= W0 + 640 s, so it is late; "coarse" (60 s windows, default lateness 3600 s) is not.
+    rows = [("ops.a", W0 + 5_000, True, _doc(1.0)), ("ops.b", W0 + 5_000, True, _doc(1.0))]
+    values = ss.summary_values(_classified(spark, rows), config.summaries, {"ops.a": W0 + 700_000})
+    late = {(r["summary"], r["topic"]): r["late"] for r in values.collect()}
+    assert late == {("wait", "ops.a"): True, ("wait", "ops.b"): False, ("coarse", "ops.a"): False}
+
+
+def _entry(summary, w, group, values, s):
+    groups = dict(zip(s.group_by, group, strict=True))
+    key = json.dumps(groups, separators=(",", ":"))
+    return {"summary": summary, "topic": "ops.a", "window_start_ms": w, "group_key": key, "groups": groups,
+            "state": SummaryState.of_values(values, s)}
+
+
+def test_merge_read_back_and_sql_statistics_equal_python(spark, config) -> None:
+    ensure_tables(spark, config)
+    wait = config.summary("wait")
+    rng = random.Random(1)
+    first = [_entry("wait", W0, ("prod", "db"), [rng.lognormvariate(2, 1) for _ in range(300)], wait),
+             _entry("wait", W0, ("dev", "db"), [1.5, None, "x"], wait)]
+    second = [_entry("wait", W0, ("prod", "db"), [rng.lognormvariate(2, 1) for _ in range(50)] + [1e150], wait),
+              _entry("wait", W0 + 600_000, ("prod", "db"), [None], wait)]
+    ss.merge_increments(spark, config, first, APP, 0)
+    ss.merge_increments(spark, config, second, APP, 1)
+    ss.merge_increments(spark, config, second, APP, 1)  # a replay: skipped by Delta
+    stored = ss.read_states(spark, config, [("wait", "ops.a", W0), ("wait", "ops.a", W0 + 600_000)])
+    expected = {
+        ("wait", "ops.a", W0, first[0]["group_key"]): merge(first[0]["state"], second[0]["state"]),
+        ("wait", "ops.a", W0, first[1]["group_key"]): first[1]["state"],
+        ("wait", "ops.a", W0 + 600_000, second[1]["group_key"]): second[1]["state"],
+    }
+    assert set(stored) == set(expected)
+    for key, state in expected.items():
+        assert stored[key]["state"] == state, key  # the MERGE's arithmetic is Python's, operation for operation
+    table = spark.read.format("delta").load(table_path(config, SUMMARIES))
+    for row in table.collect():
+        key = (row["summary"], row["topic"], int(row["window_start"].timestamp() * 1000), row["group_key"])
+        stats = statistics(expected[key], wait.percentiles)
+        assert row["mean"] == stats["mean"] and row["stddev"] == stats["stddev"]
+        assert dict(row["percentiles"]) == {k: stats[k] for k in ("p50", "p90", "p99", "p99.9")}
+        assert row["precision"] == "3 significant digits" and row["updated_by"] == "stream"
+        assert row["window_end"].timestamp() * 1000 - key[2] == 600_000
+    # Absolute writes: a group whose state became empty is deleted.
+    gone = {**first[1], "state": SummaryState()}
+    ss.merge_absolute(spark, config, [gone], "batch-app", 0)
+    assert len(ss.read_states(spark, config, [("wait", "ops.a", W0)])) == 1
+
+
+def test_limits_fail_loudly(config) -> None:
+    wait = config.summary("wait")
+    small = config.with_summaries([{**wait.model_dump(), "max_buckets": 3, "max_groups": 2}])
+    entry = _entry("wait", W0, ("prod", "db"), [1.0, 2.0, 3.0, 4.0], wait)
+    with pytest.raises(SummaryLimitError, match=r"4 histogram buckets .* exceed summaries\[0\]\.max_buckets = 3"):
+        ss.check_limits(small, {("wait", "ops.a", W0, entry["group_key"]): entry})
+    many = {("wait", "ops.a", W0, f"g{i}"): _entry("wait", W0, (f"e{i}", "db"), [1.0], wait) for i in range(3)}
+    with pytest.raises(SummaryLimitError, match=r"3 groups .* exceed summaries\[0\]\.max_groups = 2"):
+        ss.check_limits(small, many)
