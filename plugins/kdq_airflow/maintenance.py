@@ -4,7 +4,7 @@ Only partitions older than today (UTC) are compacted or deleted: the stream MERG
 ``window_date`` / ``event_hour`` partitions every few seconds, and an OPTIMIZE that rewrote the files a
 MERGE read would make one of them fail with a concurrent-modification conflict. Late data older than
 ``stream.allowed_lateness_seconds`` never reaches a closed partition, so yesterday's are settled by the
-time this runs (a lateness over a day moves the boundary back accordingly). Unpartitioned tables are only
+time this runs (a stream or summary lateness over a day moves the boundary back accordingly). Unpartitioned tables are only
 vacuumed. The stream trims its own ledger and progress files and Spark cleans its checkpoint metadata
 (``spark.sql.streaming.minBatchesToRetain``), so neither is done here.
 """
@@ -19,7 +19,9 @@ MIN_VACUUM_RETAIN_HOURS = 168  # Delta's default safety check: readers and the s
 
 def closed_before(config: Any, today: dt.date) -> dt.date:
     """First date still open to writes: today, or earlier when allowed lateness exceeds a day."""
-    lateness_days = -(-int(config.stream.allowed_lateness_seconds) // 86400)  # ceil
+    summaries = getattr(config, "summaries", None) or ()
+    lateness = max([int(config.stream.allowed_lateness_seconds), *(int(s.allowed_lateness_seconds) for s in summaries)])
+    lateness_days = -(-lateness // 86400)  # ceil
     return today - dt.timedelta(days=max(lateness_days - 1, 0))
 
 
@@ -28,7 +30,7 @@ def maintenance_statements(
 ) -> list[str]:
     """The SQL the maintenance run executes, in order (pure, so tests can check the partition bounds)."""
     from kdq.spark.tables import table_path
-    from kdq.tables import ALL_TABLES, RAW_ARCHIVE, WINDOW_COUNTS
+    from kdq.tables import ALL_TABLES, RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
     if vacuum_retain_hours < MIN_VACUUM_RETAIN_HOURS:
         raise ValueError(f"vacuum_retain_hours must be >= {MIN_VACUUM_RETAIN_HOURS}, got {vacuum_retain_hours}")
@@ -39,6 +41,8 @@ def maintenance_statements(
     statements = [
         f"OPTIMIZE {archive} WHERE event_hour < '{open_from:%Y-%m-%d}-00'",
         f"OPTIMIZE delta.`{table_path(config, WINDOW_COUNTS)}` WHERE window_date < DATE'{open_from:%Y-%m-%d}'",
+        # The stream MERGEs summaries once per micro-batch as well: many small files per day.
+        f"OPTIMIZE delta.`{table_path(config, SUMMARIES)}` WHERE window_date < DATE'{open_from:%Y-%m-%d}'",
     ]
     cutoff = min(today - dt.timedelta(days=archive_retention_days), open_from)
     statements.append(f"DELETE FROM {archive} WHERE event_hour < '{cutoff:%Y-%m-%d}-00'")

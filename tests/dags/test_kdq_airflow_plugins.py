@@ -57,15 +57,24 @@ def test_maintenance_touches_only_closed_partitions(tmp_path: Path) -> None:
     config = make_config(tmp_path)
     statements = maintenance_statements(config, dt.date(2026, 11, 22), archive_retention_days=30)
     optimize = [s for s in statements if s.startswith("OPTIMIZE")]
-    assert len(optimize) == 2
+    assert len(optimize) == 3
     assert "event_hour < '2026-11-22-00'" in optimize[0]
-    assert "window_date < DATE'2026-11-22'" in optimize[1]
+    assert "window_counts" in optimize[1] and "window_date < DATE'2026-11-22'" in optimize[1]
+    assert "summaries" in optimize[2] and "window_date < DATE'2026-11-22'" in optimize[2]
     [delete] = [s for s in statements if s.startswith("DELETE")]
     assert delete.endswith("WHERE event_hour < '2026-10-23-00'")
     vacuums = [s for s in statements if s.startswith("VACUUM")]
     from kdq.tables import ALL_TABLES
 
     assert len(vacuums) == len(ALL_TABLES) and all(s.endswith("RETAIN 168 HOURS") for s in vacuums)
+
+
+def test_a_summary_lateness_over_a_day_keeps_more_partitions_open(tmp_path: Path) -> None:
+    config = make_config(tmp_path).with_summaries(
+        [{"name": "lat", "topic": "ops", "value": "v", "window_seconds": 600, "allowed_lateness_seconds": 2 * 86400}]
+    )
+    optimize = [s for s in maintenance_statements(config, dt.date(2026, 11, 22), 30) if s.startswith("OPTIMIZE")]
+    assert all("2026-11-21" in s for s in optimize), optimize
 
 
 def test_maintenance_rejects_unsafe_settings(tmp_path: Path) -> None:
