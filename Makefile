@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 KDQ := $(VENV)/bin/kdq
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run stop status test test-unit test-integration lint package
+.PHONY: setup run stop status test test-unit test-integration lint package bench bench-quick
 
 setup:
 	@bash scripts/setup.sh
@@ -34,6 +34,13 @@ test-unit: setup
 
 test-integration: setup
 	@$(PY) -m pytest tests/integration -q
+
+## bench: the benchmark (own local stack on free ports; ~9 min at the default size); results in benchmarks/results/
+bench: setup
+	@$(PY) -m benchmarks
+
+bench-quick: setup
+	@$(PY) -m benchmarks --quick
 
 lint: setup
 	@$(VENV)/bin/ruff check include plugins dags spark_jobs tests

@@ -137,6 +137,11 @@ CASES: list[tuple[str, bytes | None, str | None]] = [
     ("kw.type.integer", b"1e2", None),
     ("kw.type.integer", b"12345678901234567890", None),
     ("kw.type.integer", b"5.5", "schema:/type"),
+    ("kw.type.integer", b"1e20", None),
+    ("kw.type.integer", b"-1e300", None),
+    ("kw.type.integer", b"9007199254740993", None),
+    ("kw.type.integer", b"4503599627370495.5", "schema:/type"),
+    ("kw.type.integer", b"-0.5", "schema:/type"),
     ("kw.type.integer", b'"5"', "schema:/type"),
     ("kw.type.integer", b"true", "schema:/type"),
     ("kw.type.number", b"5.5", None),
@@ -225,6 +230,17 @@ CASES: list[tuple[str, bytes | None, str | None]] = [
     # the earliest failing keyword for any element, not the first failing element
     ("kw.items.order", b'[{"qty":1},{"sku":1,"qty":0}]', "schema:/items/properties/qty/minimum"),
     ("kw.items.order", b'[{"sku":1,"qty":1},{"qty":1}]', "schema:/items/required/0"),
+    ("kw.items.order", b'[{"sku":1,"qty":1},5,null,[1]]', None),
+    # long arrays, and elements that are no objects or fail late in the array
+    ("kw.items", b"[" + b"1," * 20 + b"1]", None),
+    ("kw.items", b"[" + b"1," * 20 + b"0]", "schema:/items/minimum"),
+    ("kw.items", b"[" + b"1," * 16 + b'"x",0]', "schema:/items/type"),
+    ("kw.items", b"[" + b"1," * 15 + b"0]", "schema:/items/minimum"),
+    ("kw.items.order", b"[" + b'{"sku":1,"qty":1},' * 16 + b'{"qty":1}]', "schema:/items/required/0"),
+    ("kw.items.order", b"[" + b'{"sku":1,"qty":1},' * 16 + b'{"qty":0}]', "schema:/items/properties/qty/minimum"),
+    ("kw.items.order", b"[" + b'{"sku":1,"qty":1},' * 15 + b'{"qty":1}]', "schema:/items/required/0"),
+    ("kw.items.nested", b'{"lines":[' + b'{"qty":1},' * 30 + b'{"qty":0}]}', "schema:/properties/lines/items/properties/qty/minimum"),
+    ("kw.items.nested", b'{"lines":[' + b'{"qty":1},' * 15 + b'5,{"qty":0}]}', "schema:/properties/lines/items/properties/qty/minimum"),
     # additionalProperties
     ("kw.additional.false", b'{"a":1}', None),
     ("kw.additional.false", b'{"a":1,"b":2}', "schema:/additionalProperties"),
@@ -322,6 +338,17 @@ def _mismatches(got: list[str | None]) -> list[str]:
 
 def test_native_reasons(reasons: dict[bool, list[str | None]]) -> None:
     assert _mismatches(reasons[False]) == []
+
+
+def test_items_read_only_members_when_enough(ruleset: RuleSet) -> None:
+    """An item schema on members only (orders' lines) casts the members once: no per-element variant, no zip."""
+    from pyspark.sql import functions as F
+
+    from kdq.spark.rule_compiler import value_reason
+
+    orders = RuleSet(rules=tuple(r for r in ruleset.rules if r.match == "orders"))
+    text = str(value_reason(F.col("topic"), F.col("value"), F.col("parsed"), orders, MAX_BYTES))
+    assert "transform(" in text and "arrays_zip" not in text
 
 
 def test_fallback_gives_identical_reasons(reasons: dict[bool, list[str | None]]) -> None:

@@ -311,6 +311,8 @@ class _Node:
     def is_integer(self) -> Column:
         # A zero fraction, as in Python's float.is_integer(): Spark keeps 5.0 as
         # DECIMAL(1,0) and 1e2 as DOUBLE; inf % 1 is NaN, so infinity is not one.
+        # (One read of the number: without common-subexpression elimination,
+        # in a CASE branch or a lambda, every extra read is another variant cast.)
         return self.is_number & ((self.num % 1) == 0)
 
     @functools.cached_property
@@ -444,16 +446,29 @@ class _Compiler:
     def _each(self, node: _Node, schema: Any, loc: str) -> Column | None:
         """``items``: the earliest failing keyword over all elements of the node's array.
 
-        Lambdas run interpreted, about 1 µs per variant call, so the members
-        the item schema reads are cast for all elements at once, natively,
-        into an array of structs zipped with the elements; inside the lambda a
-        member is then a field read instead of a variant navigation.
+        ``transform`` is a CodegenFallback: the lambda and every expression
+        under it run interpreted, and each scalar variant cast there builds a
+        Literal that reads the SQL conf (a new ReadOnlySQLConf per call on a
+        task thread; see benchmarks/PERF_NOTES.md). So the members the item
+        schema reads are cast for all elements at once into an array of
+        structs; inside the lambda a member is then a field read instead of a
+        variant navigation. The elements themselves (each rebuilt as a
+        variant) are extracted and zipped in only when the item schema reads
+        more than members. Unrolling the first elements into native code was
+        tried and dropped: planning the copies cost more per batch than it saved.
         """
         names = _member_names(schema) if isinstance(schema, dict) else []
         if not names:
             return self._each_value(node.as_array, schema, loc)
         struct = "struct<" + ", ".join("`" + n.replace("`", "``") + "`: variant" for n in names) + ">"
-        zipped = F.arrays_zip(node.as_array.alias("v"), node.get(f"array<{struct}>").alias("m"))
+        members = node.get(f"array<{struct}>")
+        if not _needs_element_value(schema, self.cls):
+            # Only members are read (type object, required, properties): an
+            # element that is no object is a null struct, so the elements
+            # themselves are not extracted (each would be rebuilt as a variant)
+            # nor zipped (an interpreted struct per element).
+            return self._map_min(members, lambda m: _Node(F.lit(None).cast("variant"), members=m), schema, loc)
+        zipped = F.arrays_zip(node.as_array.alias("v"), members.alias("m"))
         return self._map_min(zipped, lambda z: _Node(z.getField("v"), members=z.getField("m")), schema, loc)
 
     def _each_value(self, elements: Column, schema: Any, loc: str) -> Column | None:
@@ -470,6 +485,19 @@ class _Compiler:
 
         mapped = F.transform(elements, body)  # calls body once, to build the lambda
         return F.array_min(mapped) if built[0] is not None else None
+
+
+def _needs_element_value(schema: Any, cls: type) -> bool:
+    """Whether an item schema reads the element itself, not only its members (type object, required, properties)."""
+    if not isinstance(schema, dict):
+        return True
+    for key, value in schema.items():
+        if key not in cls.VALIDATORS or key in ("properties", "required"):
+            continue
+        if key == "type" and value == "object":
+            continue
+        return True
+    return False
 
 
 def _key_not_in(known: list[str]) -> Callable[[Column, Column], Column]:

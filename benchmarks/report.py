@@ -1,0 +1,242 @@
+"""The result as a Markdown table and a small PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TARGETS = {
+    "throughput_msgs_per_s": 100_000,
+    "vs_plain": 2.0,
+    "p99_s": 5.0,
+    "rss_gb": 4.0,
+    "batch_growth_ratio": 1.5,
+}
+
+
+def _n(x, digits: int = 0) -> str:
+    if x is None:
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def _gb(b) -> str:
+    return f"{b / 2**30:.2f} GB" if b else "–"
+
+
+def _best(run: dict, kind: str, processes: int | None = None) -> dict | None:
+    rows = [b for b in run.get("baselines", []) if b["kind"] == kind and (processes is None or b["processes"] == processes)]
+    return max(rows, key=lambda b: b["msgs_per_s"]) if rows else None
+
+
+def targets(result: dict) -> list[tuple[str, str, str]]:
+    """(target, measured, met?) rows."""
+    out = []
+    runs = [r for r in result.get("runs", []) if r.get("schema")]
+    run = runs[0] if runs else None
+    if run and "catch_up" in run:
+        cu = run["catch_up"]
+        out.append((
+            "speed layer ≥ 100,000 msgs/s (1 KB JSON, schema rule)",
+            f"{_n(cu['msgs_per_s'])} msgs/s (steady {_n(cu['steady_msgs_per_s'])})",
+            "yes" if cu["msgs_per_s"] >= TARGETS["throughput_msgs_per_s"] else "no",
+        ))
+        plain = _best(run, "plain", max(b["processes"] for b in run["baselines"]))
+        if plain:
+            ratio = cu["msgs_per_s"] / plain["msgs_per_s"]
+            out.append((
+                "≥ 2× the plain-consumer baseline (same cores)",
+                f"{ratio:.2f}× plain ×{plain['processes']} ({_n(plain['msgs_per_s'])} msgs/s)",
+                "yes" if ratio >= TARGETS["vs_plain"] else "no",
+            ))
+    phases = [lp for lp in (run or {}).get("latency_phases", []) if lp.get("latency_s")]
+    if phases:
+        lp = next((p for p in phases if p["target_msgs_per_s"] == 20_000), phases[-1])
+        p99 = lp["latency_s"].get("p99")
+        bound = "≥ " if lp.get("records_censored") else ""
+        out.append((
+            f"end-to-end p99 ≤ 5 s at {_n(lp['target_msgs_per_s'])} msgs/s",
+            f"p99 {bound}{p99:.2f} s (p50 {lp['latency_s']['p50']:.2f} s)"
+            + "".join(f"; at {_n(p['target_msgs_per_s'])} msgs/s p99 {p['latency_s']['p99']:.2f} s" for p in phases if p is not lp),
+            "yes" if p99 is not None and p99 <= TARGETS["p99_s"] else "no",
+        ))
+    if run and run.get("peak_rss"):
+        out.append((
+            "driver + JVM peak RSS ≤ 4 GB",
+            _gb(run["peak_rss"]),
+            "yes" if run["peak_rss"] <= TARGETS["rss_gb"] * 2**30 else "no",
+        ))
+    if "batch" in result:
+        b = result["batch"]
+        out.append((
+            "hourly recompute grows ≤ 1.5× when the archive grows 20×",
+            f"{b['time_ratio']:.2f}× for {b['growth']:.0f}× archive",
+            "yes" if b["time_ratio"] <= TARGETS["batch_growth_ratio"] else "no",
+        ))
+    return out
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    lines = [
+        f"## kdq benchmark ({result['started_at']})",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB RAM; {m['os']}. "
+        f"Python {m['python']}, {m['java']}, PySpark {m['pyspark']}, Delta {m['delta']}, Kafka broker {m['kafka_broker']} "
+        f"(Spark's client {m['spark_kafka_clients']}), confluent-kafka {m['confluent_kafka']} / librdkafka {m['librdkafka']}. "
+        f"Broker, Spark, generator and baselines share the machine"
+        + (
+            f"; **other jobs were running too** (≈ {m.get('other_load_cores', 0):.2f} cores on average, load average "
+            f"{m['load_average_at_start']} at start), so treat figures as lower bounds."
+            if result.get("shared_machine")
+            else f" (no other load seen: {m.get('other_load_cores', 0):.2f} cores)."
+        ),
+        "",
+        f"Command: `{result['command']}` ({result.get('duration_seconds', 0) / 60:.1f} min)." + (f" {result['note']}" if result.get("note") else ""),
+        "",
+    ]
+    for run in result.get("runs", []):
+        w = run["workload"]
+        lines += [
+            f"### Speed layer vs baselines: {'with' if run['schema'] else 'without'} the `orders` JSON Schema rule",
+            "",
+            f"Workload: {w['messages']:,} messages of ≈ {w['message_bytes']:,} B JSON, {w['topics']} topics × {w['partitions']} partitions, "
+            f"{w['invalid_ratio']:.0%} invalid, {w['out_of_order']:.0%} out of order, {w['late']:.0%} late; produced at "
+            f"{_n(run['produce']['msgs_per_s'])} msgs/s and verified before timing. Stream: trigger {run['stream_settings']['trigger_seconds']} s, "
+            f"maxOffsetsPerTrigger {run['stream_settings']['max_offsets_per_trigger']:,}, {run['stream_settings']['master']}, "
+            f"{run['stream_settings']['shuffle_partitions']} shuffle partitions.",
+            "",
+            "| consumer (same data, same run) | processes | msgs/s | MB/s | kdq ÷ this |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        cu = run.get("catch_up")
+        for b in run["baselines"]:
+            name = "raw consumption ceiling (confluent-kafka, no work)" if b["kind"] == "raw" else "plain consumer (confluent-kafka + json + fastjsonschema + dict counts)"
+            ratio = f"{cu['msgs_per_s'] / b['msgs_per_s']:.2f}" if cu else "–"
+            lines.append(f"| {name} | {b['processes']} | {_n(b['msgs_per_s'])} | {_n(b['mb_per_s'], 1)} | {ratio} |")
+        if cu:
+            lines.append(
+                f"| **kdq speed layer** (Spark {run['stream_settings']['master']}, all outputs, exactly once) | 1 JVM | "
+                f"**{_n(cu['msgs_per_s'])}** (steady {_n(cu['steady_msgs_per_s'])}) | {_n(cu['mb_per_s'], 1)} | 1.00 |"
+            )
+            c = cu["cpu"]
+            lines += [
+                "",
+                f"Catch-up: {cu['messages']:,} messages in {cu['batches']} micro-batches, {cu['seconds']} s from the first batch's start to the "
+                f"last one's end ({cu['wall_seconds_incl_startup']} s including JVM start-up; first batch {cu['first_batch_seconds']} s). "
+                f"CPU: stream {c['stream_cores']} cores, broker {c['broker_cores']}, machine {c['machine_cores']} of {m['cores']}. "
+                f"Peak RSS (driver JVM + Python): {_gb(run.get('catch_up_peak_rss'))}.",
+                "",
+                "Mean per steady batch (ms): " + ", ".join(f"{k} {v:,.0f}" for k, v in cu["writer_ms_mean"].items()) + ".",
+            ]
+        checks = run.get("checks")
+        if checks:
+            lines += [
+                "",
+                f"Checks: archive rows = messages (exactly once): {checks['exactly_once']}; valid/invalid = ground truth: "
+                f"{checks['archive_matches_expected']}; window counts = counted rows: {checks['counted_matches']}; "
+                f"plain consumer = ground truth: {all(b.get('matches_expected', True) for b in run['baselines'])}.",
+            ]
+        phases = [lp for lp in run.get("latency_phases", []) if lp.get("latency_s")]
+        if phases:
+            lines += [
+                "",
+                "| fixed-rate phase: produce → count visible in Delta | msgs/s | p50 | p95 | p99 | max | peak RSS | stream CPU | broker CPU |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+            notes = []
+            for lp in phases:
+                L, c = lp["latency_s"], lp["cpu"]
+                bound = "≥ " if lp.get("records_censored") else ""
+                lines.append(
+                    f"| {_n(lp['seconds'])} s at {_n(lp['target_msgs_per_s'])} msgs/s | {_n(lp['achieved_msgs_per_s'])} | "
+                    f"{L['p50']:.2f} s | {bound}{L['p95']:.2f} s | {bound}{L['p99']:.2f} s | {bound}{L['p100']:.2f} s | "
+                    f"{_gb(lp['peak_rss'])} | {c['stream_cores']} cores | {c['broker_cores']} cores |"
+                )
+                if lp.get("records_censored"):
+                    notes.append(
+                        f"At {_n(lp['target_msgs_per_s'])} msgs/s **the stream did not keep up**: {lp['records_censored']:,} records "
+                        "were not visible when it was stopped; they count at their lower bound, so the upper percentiles are lower bounds."
+                    )
+                elif lp["achieved_msgs_per_s"] > ((cu or {}).get("steady_msgs_per_s") or (cu or {}).get("msgs_per_s") or 0):
+                    notes.append(
+                        f"At {_n(lp['target_msgs_per_s'])} msgs/s the rate is above the stream's sustained throughput: "
+                        "the latency is the backlog building up during the phase, drained afterwards."
+                    )
+            lines += ["", f"{sum(lp['records_measured'] for lp in phases):,} counted records measured (late ones are left to the "
+                      f"batch layer); exactly once: {all(lp['exactly_once'] for lp in phases if lp['drained'])}. " + " ".join(notes)]
+        lines.append("")
+    if "batch" in result:
+        b = result["batch"]
+        lines += [
+            "### Batch layer: hourly recompute, fixed late data, growing archive",
+            "",
+            f"Archive synthesized at {b['rows_per_hour']:,} rows/hour (older hours added as it grows), short values; "
+            "each run recomputes one hour of ingest time with its late records.",
+            "",
+            "| archive rows | late rows | late windows | corrections | late-rows scan: files / of total | bytes | recompute scan: files | bytes | seconds |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for s in b["stages"]:
+            if s["warm_up"]:
+                continue
+            lines.append(
+                f"| {s['archive_rows']:,} | {s['late_rows']:,} | {s['late_windows']:,} | {s['corrections']:,} | "
+                f"{s['scanned_late_rows']['files']} / {s['archive_total']['files']} | {s['scanned_late_rows']['bytes'] / 1e6:.1f} MB of "
+                f"{s['archive_total']['bytes'] / 1e6:.0f} MB | {s['scanned_recompute']['files']} | {s['scanned_recompute']['bytes'] / 1e6:.1f} MB | {s['seconds']} |"
+            )
+        lines += ["", f"Time ratio largest / smallest archive: **{b['time_ratio']}×** for a {b['growth']}× larger archive.", ""]
+    rows = targets(result)
+    if rows:
+        lines += ["### Targets", "", "| target | measured | met |", "|---|---|---|"]
+        lines += [f"| {t} | {v} | {ok} |" for t, v, ok in rows]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), dpi=80)
+    run = next((r for r in result.get("runs", []) if r.get("catch_up")), None)
+    ax = axes[0]
+    if run:
+        names, values, colors = [], [], []
+        for b in run["baselines"]:
+            names.append(f"{b['kind']} ×{b['processes']}")
+            values.append(b["msgs_per_s"])
+            colors.append("#bbbbbb" if b["kind"] == "raw" else "#8fb3d9")
+        names.append("kdq")
+        values.append(run["catch_up"]["msgs_per_s"])
+        colors.append("#d9534f")
+        ax.barh(names, values, color=colors)
+        ax.axvline(100_000, color="black", linestyle=":", linewidth=1)
+        ax.set_xlabel("msgs/s (1 KB JSON)")
+        ax.set_title("Throughput (catch-up)")
+    ax = axes[1]
+    phases = [lp for lp in (run or {}).get("latency_phases", []) if lp.get("latency_s")]
+    if phases:
+        qs = ["p50", "p95", "p99"]
+        width = 0.8 / len(phases)
+        for i, lp in enumerate(phases):
+            xs = [j + i * width for j in range(len(qs))]
+            ax.bar(xs, [lp["latency_s"][q] for q in qs], width=width, label=f"{lp['target_msgs_per_s']:,}/s")
+        ax.set_xticks([j + width * (len(phases) - 1) / 2 for j in range(len(qs))], qs)
+        ax.axhline(5, color="black", linestyle=":", linewidth=1)
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        ax.set_ylabel("seconds (log)")
+        ax.set_title("Latency produce → Delta")
+    ax = axes[2]
+    if "batch" in result:
+        stages = [s for s in result["batch"]["stages"] if not s["warm_up"]]
+        ax.plot([s["archive_rows"] / 1e6 for s in stages], [s["seconds"] for s in stages], marker="o")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("archive rows (millions)")
+        ax.set_ylabel("seconds")
+        ax.set_title("Hourly recompute, fixed late data")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
