@@ -58,29 +58,10 @@ def metrics_producer(config: Config):
 
 def produce_counts(config: Config, rows: Iterable[Mapping], timeout: float = 60.0, producer=None) -> int:
     """Send (topic, window_start_ms, status, count) rows; raises if any is not acknowledged in time."""
-    from confluent_kafka import KafkaException
-
-    producer = producer or metrics_producer(config)
-    errors: list[str] = []
-
-    def on_delivery(err, msg) -> None:
-        if err is not None:
-            errors.append(f"{msg.key()!r}: {err}")
-
-    sent = 0
-    for row in rows:
-        producer.produce(
-            config.kafka.metrics_topic,
-            key=metric_key(row["topic"], row["window_start_ms"], row["status"]),
-            value=str(int(row["count"])),
-            on_delivery=on_delivery,
-        )
-        sent += 1
-        producer.poll(0)
-    remaining = producer.flush(timeout)
-    if remaining or errors:
-        raise KafkaException(f"metrics topic {config.kafka.metrics_topic}: {remaining} unsent, errors: {errors[:5]}")
-    return sent
+    messages = (
+        (metric_key(row["topic"], row["window_start_ms"], row["status"]), str(int(row["count"]))) for row in rows
+    )
+    return produce_messages(config, messages, timeout, producer)
 
 
 def produce_messages(config: Config, messages: Iterable[tuple[str, str]], timeout: float = 60.0, producer=None) -> int:
