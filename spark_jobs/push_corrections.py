@@ -27,22 +27,14 @@ from collections.abc import Sequence
 
 from kdq.config import Config
 from kdq.intervals import iso, resolve_interval
-from kdq.jobs import run_main, time_arg
+from kdq.jobs import interval_parser, parse_interval_args, run_main
 
 log = logging.getLogger("kdq.batch")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="push_corrections", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="kdq config file (default: $KDQ_CONFIG or kdq.toml)")
-    parser.add_argument("--start", type=time_arg, help="interval start (ingest time), inclusive; default: end - 1 h")
-    parser.add_argument("--end", type=time_arg, help="interval end, exclusive; default: the current UTC hour")
-    args = parser.parse_args(argv)
-    try:
-        args.start, args.end = resolve_interval(args.start, args.end)
-    except ValueError as exc:
-        parser.error(str(exc))
-    return args
+    parser = interval_parser("push_corrections", __doc__.splitlines()[0])
+    return parse_interval_args(parser, argv)
 
 
 def run(spark, config: Config, args: argparse.Namespace) -> dict:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kdq.config import Config, load_config
-from kdq.intervals import parse_time_ms
+from kdq.intervals import parse_time_ms, resolve_interval
 
 
 def time_arg(text: str) -> int:
@@ -27,6 +27,25 @@ def time_arg(text: str) -> int:
 def topics_arg(text: str) -> list[str]:
     """argparse type: comma-separated topic names."""
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def interval_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The arguments of the jobs that work on one ingest-time interval: --config, --start, --end."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", help="kdq config file (default: $KDQ_CONFIG or kdq.toml)")
+    parser.add_argument("--start", type=time_arg, help="interval start (ingest time), inclusive; default: end - 1 h")
+    parser.add_argument("--end", type=time_arg, help="interval end, exclusive; default: the current UTC hour")
+    return parser
+
+
+def parse_interval_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse and resolve --start/--end (defaults: the last whole UTC hour); a bad interval is a usage error."""
+    args = parser.parse_args(argv)
+    try:
+        args.start, args.end = resolve_interval(args.start, args.end)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
 
 
 def run_main(
