@@ -79,6 +79,10 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="default: kafka.max_offsets_per_trigger")
     p.add_argument("--shuffle-partitions", type=int, default=None, help="default: spark.shuffle_partitions")
     p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf for the stream")
+    p.add_argument(
+        "--kafka-client", action="append", default=[], metavar="KEY=VALUE",
+        help="extra Kafka consumer setting of the stream's source (kafka.client), e.g. fetch.max.bytes=67108864",
+    )
     p.add_argument("--event-log", action="store_true", help="write Spark event logs (for the History Server) to the work dir")
     p.add_argument("--archive-sizes", help="archive rows per batch-layer stage (default 1M,5M,20M; quick 50k,250k,1M)")
     p.add_argument("--late-rows", type=int, help="late records per hourly recompute (default 10,000; quick 1,000)")
@@ -242,6 +246,8 @@ def speed_phase(args, work: Path, stack, label: str, schema: bool, latency: bool
     kafka = {"bootstrap_servers": bootstrap, "topic_include": f"bench-{label}-.*"}
     if args.max_offsets_per_trigger:
         kafka["max_offsets_per_trigger"] = args.max_offsets_per_trigger
+    if args.kafka_client:
+        kafka["client"] = dict(kv.split("=", 1) for kv in args.kafka_client)
     config = make_config(
         data / "data",
         write_rules(data / "rules", schema),
@@ -257,6 +263,7 @@ def speed_phase(args, work: Path, stack, label: str, schema: bool, latency: bool
         "driver_memory": config.spark.driver_memory,
         "master": config.spark.master,
         "extra_conf": config.spark.conf,
+        "kafka_client": config.kafka.client,
     }
     stream = StreamRun(config, args.trigger_seconds)
     broker = stack.kafka.process.process()
