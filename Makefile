@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 KDQ := $(VENV)/bin/kdq
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run stop status test test-unit test-integration lint package bench bench-quick
+.PHONY: setup run stop status test test-unit test-integration lint package bench bench-quick bench-sweep
 
 setup:
 	@bash scripts/setup.sh
@@ -41,6 +41,10 @@ bench: setup
 
 bench-quick: setup
 	@$(PY) -m benchmarks --quick
+
+## bench-sweep: one stream setting changed per run (~40 min); results in benchmarks/results/sweep.{json,md}
+bench-sweep: setup
+	@$(PY) -m benchmarks.sweep
 
 lint: setup
 	@$(VENV)/bin/ruff check include plugins dags spark_jobs tests

@@ -38,6 +38,13 @@ THROUGHPUT = [
         "Kafka consumer: max.partition.fetch.bytes 8 MiB, fetch.max.bytes 64 MiB",
         ["--kafka-client", "max.partition.fetch.bytes=8388608", "--kafka-client", "fetch.max.bytes=67108864"],
     ),
+    ("parallel_gc", "driver JVM with the Parallel GC instead of G1", ["--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseParallelGC"]),
+    ("aqe_off", "adaptive query execution off", ["--spark-conf", "spark.sql.adaptive.enabled=false"]),
+    (
+        "cache_uncompressed",
+        "the batch's cached rows not compressed",
+        ["--spark-conf", "spark.sql.inMemoryColumnarStorage.compressed=false"],
+    ),
 ]
 LATENCY = [
     ("trigger_1s", "trigger every 1 s, 5,000 msgs/s", ["--trigger-seconds", "1"]),

@@ -110,3 +110,20 @@ def test_sampler_skips_forks_that_have_not_exec_d() -> None:
     finally:
         os.killpg(child.pid, signal.SIGKILL)  # the child and its fork
         child.wait()
+
+
+def test_sweep_table_has_a_row_per_variant_and_latency_apart() -> None:
+    from benchmarks.sweep import markdown
+
+    row = {
+        "name": "shuffle_1", "change": "spark.shuffle_partitions = 1", "msgs_per_s": 7761, "steady_msgs_per_s": 9002,
+        "batches": 4, "first_batch_seconds": 32.9, "writer_ms_mean": {"classify_aggregate": 8232.0, "archive": 2060.0},
+        "stream_cores": 1.7, "peak_rss": 2 * 2**30, "baselines": {"plain": 43727}, "exactly_once": True,
+    }
+    lat = {**row, "name": "trigger_1s", "change": "trigger every 1 s", "latency_s": {"p50": 9.5, "p95": 12.0, "p99": 13.1, "p100": 14.0},
+           "latency_exactly_once": True}
+    text = markdown([row, lat], {"started_at": "2026-11-22T21:00:00Z", "command": "python -m benchmarks.sweep", "minutes": 40})
+    lines = text.splitlines()
+    assert "| shuffle_1 | spark.shuffle_partitions = 1 | 7,761 | 9,002 | 4 | 32.9 | 8,232 | 2,060 | 0 | 1.7 | 2.00 | 43,727 | True |" in lines
+    assert "| trigger_1s | trigger every 1 s | 9.5 | 12.0 | 13.1 | 14.0 | True |" in lines
+    assert sum(line.startswith("| trigger_1s") for line in lines) == 1  # not in the throughput table
