@@ -217,10 +217,21 @@ def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[di
     ).persist()
     try:
         windows = new.select("topic", "window_start", "window_end").distinct()
-        days = windows.select((F.unix_millis("window_start") / _DAY_MS).cast("bigint").alias("d")).distinct()
-        dates = sorted({_date_literal(r["d"] * _DAY_MS) for r in days.collect()})
-        if not dates:
+        days = windows.select(
+            (F.unix_millis("window_start") / _DAY_MS).cast("bigint").alias("d"),
+            F.unix_millis("window_start").alias("ms"),
+        ).groupBy("d").agg(F.min("ms").alias("lo"), F.max("ms").alias("hi"))
+        spans = days.collect()
+        if not spans:
             return []
+        # Per day, only the span of recomputed windows: window_counts files are
+        # written per micro-batch with narrow window_start ranges, so Delta skips
+        # the rest of the day instead of reading every window of it.
+        in_spans = " OR ".join(
+            f"(window_date = {_date_literal(r['d'] * _DAY_MS)} "
+            f"AND window_start BETWEEN {_ts_literal(r['lo'])} AND {_ts_literal(r['hi'])})"
+            for r in sorted(spans, key=lambda r: r["d"])
+        )
         statuses = spark.createDataFrame([(s,) for s in STATUSES], "status STRING")
         grid = windows.crossJoin(F.broadcast(statuses)).join(
             new.select("topic", "window_start", "status", "new_count", "rules_version"),
@@ -230,7 +241,8 @@ def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[di
         current = (
             spark.read.format("delta")
             .load(table_path(config, WINDOW_COUNTS))
-            .where(f"window_date IN ({', '.join(dates)})")
+            .where(f"window_date IN ({', '.join(_date_literal(r['d'] * _DAY_MS) for r in spans)})")
+            .where(in_spans)
             .select("topic", "window_start", "status", F.col("count").alias("old_count"))
         )
         changed = (

@@ -65,6 +65,16 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         # sources are local, deterministic rows).
         "spark.databricks.delta.writeChecksumFile.enabled": "false",
         "spark.databricks.delta.merge.materializeSource": "none",
+        # Throughput collector: on 2 cores G1's concurrent marking and write
+        # barriers cost the classification ~20 % (benchmarks/results/sweep.md,
+        # parallel_gc); the longer pauses of a few-GB heap are far below a
+        # micro-batch. Set [spark.conf] to override.
+        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+        "spark.executor.extraJavaOptions": "-XX:+UseParallelGC",
+        # The stream's appends run on writer threads in their own pools beside the
+        # MERGEs; fair sharing between pools lets a MERGE's small jobs in between
+        # an archive write's tasks. Jobs that name no pool share the FIFO default.
+        "spark.scheduler.mode": "FAIR",
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),

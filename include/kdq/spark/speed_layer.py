@@ -14,12 +14,15 @@ until its commit is in the checkpoint):
 
 1. ledger row N (ingest time, per-topic watermarks) is read if it exists,
    else computed and appended: a replay classifies every record identically;
-2. raw archive append, guarded by (app id, N);
-3. window-count increments MERGE, guarded by (app id, N);
-4. invalid-reason increments MERGE and quarantine sample append, guarded;
-5. absolute counts of the changed windows are read back from Delta and sent
+2. raw archive append, invalid-reason increments append and quarantine sample
+   append, each guarded by (app id, N) as write options, on writer threads
+   while this thread runs
+3. the window-count increments MERGE (and the summaries MERGE), guarded by the
+   session-wide (app id, N);
+4. absolute counts of the changed windows are read back from Delta and sent
    to the metrics topic and InfluxDB: absolute values, so re-sending after a
-   replay is harmless (at-least-once delivery of idempotent values).
+   replay is harmless (at-least-once delivery of idempotent values);
+5. the batch returns (and Spark commits it) only after every append finished.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,6 +203,7 @@ class SpeedLayer:
         self.reports: dict[int, BatchReport] = {}
         self.on_report: Callable[[BatchReport], None] | None = None
         self._producer = None
+        self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kdq-append")
 
     # -- the source ------------------------------------------------------------
     def source(self) -> DataFrame:
@@ -257,6 +262,7 @@ class SpeedLayer:
         classified = classified.persist()
         lap("plan")
         report: BatchReport | None = None
+        writes: list[Future] = []
         try:
             summary = summarize(
                 [row.asDict() for row in transforms.batch_aggregates(classified).collect()],
@@ -289,10 +295,18 @@ class SpeedLayer:
             if report.input_rows == 0:
                 return
 
-            append_archive(classified, self.config, self.app_id, batch_id, batch_id, "stream")
-            lap("archive")
-            self.faults.maybe_crash("after_archive", batch_id, report.input_rows)
-
+            # The appends carry their own (app id, batch) guard as write options, so
+            # they run beside the MERGEs on writer threads; the MERGEs use the
+            # session-wide guard and therefore stay on this thread, one after the
+            # other. Each write is idempotent on its own, so any subset of them may
+            # have landed when the process dies: the replay completes the rest.
+            writes = [
+                self._submit(timings, "archive", self._append_archive, classified, batch_id, report.input_rows),
+                self._submit(
+                    timings, "reasons_quarantine", self._append_reasons_and_quarantine,
+                    classified, summary.reason_increments, batch_id, ingest_ms, report.invalid_rows,
+                ),
+            ]
             increments = summary.window_increments
             merge_window_increments(self.spark, increments, self.config, self.app_id, batch_id)
             lap("merge_counts")
@@ -307,16 +321,6 @@ class SpeedLayer:
                 )
                 lap("summaries")
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
-
-            append_reason_increments(self.spark, summary.reason_increments, self.config, self.app_id, batch_id)
-            lap("reasons")
-            if stream.quarantine_per_window and report.invalid_rows:
-                candidates = transforms.invalid_candidates(classified, stream.quarantine_per_window * 50).collect()
-                sample = quarantine_sample(
-                    [r.asDict() for r in candidates], stream.quarantine_per_window, stream.reasons_window_seconds
-                )
-                append_quarantine(self.spark, sample, self.config, self.app_id, batch_id, ingest_ms)
-            lap("quarantine")
 
             keys = sorted({(r["topic"], int(r["window_start_ms"])) for r in increments})
             absolute = read_window_counts(self.spark, self.config, keys)
@@ -334,8 +338,18 @@ class SpeedLayer:
 
             report.influx_ok = self._push_influx(count_points(absolute), report, ingest_ms)
             lap("influxdb")
+            for write in writes:
+                write.result()
+            writes = []
+            lap("wait_appends")
             self.faults.maybe_crash("before_commit", batch_id, report.input_rows)
         finally:
+            # Never return (commit the batch, or unpersist its rows) while an append still runs.
+            for write in writes:
+                try:
+                    write.result()
+                except Exception:  # the batch fails anyway; the first error is already propagating
+                    log.exception("append of batch %d failed", batch_id)
             classified.unpersist()
             if report is not None:
                 report.durations_ms = timings
@@ -346,8 +360,39 @@ class SpeedLayer:
                 if self.on_report is not None:
                     self.on_report(report)
 
+    def _submit(self, timings: dict[str, int], name: str, action: Callable[..., None], *args) -> Future:
+        def timed() -> None:
+            started = time.monotonic()
+            # Its own fair-scheduler pool, so the small jobs of the MERGEs on the
+            # main thread get cores between this append's tasks instead of queueing
+            # behind all of them (FIFO within a pool; pools share fairly).
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", name)
+            try:
+                action(*args)
+            finally:
+                timings[name] = int((time.monotonic() - started) * 1000)
+
+        return self._writers.submit(timed)
+
+    def _append_archive(self, classified: DataFrame, batch_id: int, rows: int) -> None:
+        append_archive(classified, self.config, self.app_id, batch_id, batch_id, "stream")
+        self.faults.maybe_crash("after_archive", batch_id, rows)
+
+    def _append_reasons_and_quarantine(
+        self, classified: DataFrame, reasons: list[dict], batch_id: int, ingest_ms: int, invalid_rows: int
+    ) -> None:
+        stream = self.config.stream
+        append_reason_increments(self.spark, reasons, self.config, self.app_id, batch_id)
+        if stream.quarantine_per_window and invalid_rows:
+            candidates = transforms.invalid_candidates(classified, stream.quarantine_per_window * 50).collect()
+            sample = quarantine_sample(
+                [r.asDict() for r in candidates], stream.quarantine_per_window, stream.reasons_window_seconds
+            )
+            append_quarantine(self.spark, sample, self.config, self.app_id, batch_id, ingest_ms)
+
     def close(self) -> None:
         """Flush and drop the metrics producer (its client threads would otherwise outlive the query)."""
+        self._writers.shutdown(wait=True)
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
