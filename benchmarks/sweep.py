@@ -26,7 +26,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 # (name, what changes, extra arguments of `python -m benchmarks`)
 THROUGHPUT = [
-    ("defaults", "product defaults: trigger 5 s, maxOffsetsPerTrigger 200,000, 4 shuffle partitions, snappy", []),
+    ("defaults", "product defaults: trigger 5 s, maxOffsetsPerTrigger 200,000, 4 shuffle partitions, snappy, Parallel GC", []),
     ("max_offsets_50k", "kafka.max_offsets_per_trigger = 50,000", ["--max-offsets-per-trigger", "50000"]),
     ("max_offsets_400k", "kafka.max_offsets_per_trigger = 400,000", ["--max-offsets-per-trigger", "400000"]),
     ("shuffle_1", "spark.shuffle_partitions = 1", ["--shuffle-partitions", "1"]),
@@ -38,7 +38,8 @@ THROUGHPUT = [
         "Kafka consumer: max.partition.fetch.bytes 8 MiB, fetch.max.bytes 64 MiB",
         ["--kafka-client", "max.partition.fetch.bytes=8388608", "--kafka-client", "fetch.max.bytes=67108864"],
     ),
-    ("parallel_gc", "driver JVM with the Parallel GC instead of G1", ["--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseParallelGC"]),
+    ("parallel_gc", "driver JVM with the Parallel GC (the default since the second pass)", ["--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseParallelGC"]),
+    ("g1_gc", "driver JVM with G1 (the JVM's default)", ["--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseG1GC"]),
     ("aqe_off", "adaptive query execution off", ["--spark-conf", "spark.sql.adaptive.enabled=false"]),
     (
         "cache_uncompressed",
