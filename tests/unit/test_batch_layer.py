@@ -201,7 +201,7 @@ def test_an_interrupted_run_is_completed_without_recording_twice(spark, tmp_path
     app_id = bl.batch_app_id(T2)
     # The first attempt recorded its correction (version 0) and died before its MERGE.
     first = [{"topic": "orders", "window_start_ms": W0, "status": "valid", "old_count": 2, "new_count": 3}]
-    bl._append_corrections(spark, config, first, "run-a", interval, "late_data", app_id, 0)
+    bl.append_corrections(spark, config, first, "run-a", interval, app_id, 0, reason="late_data")
     assert _counts(spark, config)[("orders", W0, "valid")] == (2, "stream")
 
     new_counts = bl.recompute_counts(archive, bl.late_windows(archive, *interval), 1)

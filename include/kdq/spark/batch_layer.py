@@ -264,43 +264,52 @@ def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[di
     return sorted(rows, key=lambda r: (r["topic"], r["window_start_ms"], r["status"]))
 
 
-def _recorded_attempt(spark: SparkSession, config: Config, interval: tuple[int, int]) -> set[tuple]:
-    """The correction rows of the latest attempt for this interval (one append shares one corrected_at)."""
+def recorded_attempt(
+    spark: SparkSession, config: Config, interval: tuple[int, int], reasons: Sequence[str] | None = None
+) -> set[tuple]:
+    """The correction rows of the latest attempt for this interval (one append shares one corrected_at),
+    optionally only those recorded with one of ``reasons``."""
     start_ms, end_ms = interval
-    rows = (
+    recorded = (
         spark.read.format("delta")
         .load(table_path(config, CORRECTIONS))
         .where((F.col("interval_start") == _ts(start_ms)) & (F.col("interval_end") == _ts(end_ms)))
-        .select(
-            "topic",
-            F.unix_millis("window_start").alias("w"),
-            "status",
-            "old_count",
-            "new_count",
-            F.unix_millis("corrected_at").alias("at"),
-        )
-        .collect()
     )
+    if reasons:
+        recorded = recorded.where(F.col("reason").isin(*reasons))
+    rows = recorded.select(
+        "topic",
+        F.unix_millis("window_start").alias("w"),
+        "status",
+        "old_count",
+        "new_count",
+        F.unix_millis("corrected_at").alias("at"),
+    ).collect()
     if not rows:
         return set()
     latest = max(r["at"] for r in rows)
     return {(r["topic"], r["w"], r["status"], r["old_count"], r["new_count"]) for r in rows if r["at"] == latest}
 
 
-def _append_corrections(
+def append_corrections(
     spark: SparkSession,
     config: Config,
     changed: Sequence[dict],
     run_id: str,
     interval: tuple[int, int],
-    reason: str,
     app_id: str,
     version: int,
+    reason: str | None = None,
 ) -> None:
+    """Record ``changed`` (old → new count per window and status) once per (app id, version);
+    ``reason`` for every row, or None to take each row's own ``reason``."""
     start_ms, end_ms = interval
     df = spark.createDataFrame(
-        [(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed],
-        "topic STRING, window_start_ms BIGINT, status STRING, old_count BIGINT, new_count BIGINT",
+        [
+            (r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"], reason or r["reason"])
+            for r in changed
+        ],
+        "topic STRING, window_start_ms BIGINT, status STRING, old_count BIGINT, new_count BIGINT, reason STRING",
     )
     (
         df.select(
@@ -312,7 +321,7 @@ def _append_corrections(
             _ts(start_ms).alias("interval_start"),
             _ts(end_ms).alias("interval_end"),
             F.lit(run_id).alias("run_id"),
-            F.lit(reason).alias("reason"),
+            "reason",
             F.current_timestamp().alias("corrected_at"),
         )
         .write.format("delta")
@@ -443,7 +452,7 @@ def _apply_once(
         return []
     version = max(vc, vw) + 1
     if vc > vw:
-        recorded = _recorded_attempt(spark, config, interval)
+        recorded = recorded_attempt(spark, config, interval)
         wanted = {(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed}
         if recorded == wanted:
             version = vc  # the corrections append is skipped by Delta; the MERGE completes the attempt
@@ -456,7 +465,7 @@ def _apply_once(
                 vc,
                 version,
             )
-    _append_corrections(spark, config, changed, run_id, interval, reason, app_id, version)
+    append_corrections(spark, config, changed, run_id, interval, app_id, version, reason=reason)
     _merge_absolute(spark, config, changed, app_id, version)
     for row in changed:
         row["count"] = row["new_count"]

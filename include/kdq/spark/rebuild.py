@@ -244,50 +244,6 @@ def _diff(
     return changed, version_only
 
 
-def _latest_recorded(spark: SparkSession, config: Config, interval: tuple[int, int]) -> set[tuple]:
-    rows = (
-        spark.read.format("delta")
-        .load(table_path(config, CORRECTIONS))
-        .where((F.col("interval_start") == _ts(interval[0])) & (F.col("interval_end") == _ts(interval[1])))
-        .where(F.col("reason").isin(REBUILD, RULE_CHANGE))
-        .select("topic", F.unix_millis("window_start").alias("w"), "status", "old_count", "new_count",
-                F.unix_millis("corrected_at").alias("at"))
-        .collect()
-    )
-    if not rows:
-        return set()
-    latest = max(r["at"] for r in rows)
-    return {(r["topic"], r["w"], r["status"], r["old_count"], r["new_count"]) for r in rows if r["at"] == latest}
-
-
-def _append_corrections(
-    spark: SparkSession, config: Config, changed: Sequence[dict], run_id: str, interval: tuple[int, int], app_id: str, version: int
-) -> None:
-    df = spark.createDataFrame(
-        [(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"], r["reason"]) for r in changed],
-        "topic STRING, window_start_ms BIGINT, status STRING, old_count BIGINT, new_count BIGINT, reason STRING",
-    )
-    (
-        df.select(
-            "topic",
-            F.timestamp_millis("window_start_ms").alias("window_start"),
-            "status",
-            "old_count",
-            "new_count",
-            _ts(interval[0]).alias("interval_start"),
-            _ts(interval[1]).alias("interval_end"),
-            F.lit(run_id).alias("run_id"),
-            "reason",
-            F.current_timestamp().alias("corrected_at"),
-        )
-        .write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", version)
-        .save(table_path(config, CORRECTIONS))
-    )
-
-
 def apply_rebuild(
     spark: SparkSession,
     config: Config,
@@ -307,10 +263,10 @@ def apply_rebuild(
         version = max(vc, vw) + 1
         if vc > vw:
             wanted = {(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed}
-            if _latest_recorded(spark, config, interval) == wanted:
+            if bl.recorded_attempt(spark, config, interval, reasons=(REBUILD, RULE_CHANGE)) == wanted:
                 version = vc  # corrections already recorded by an interrupted run: Delta skips them
         if changed:
-            _append_corrections(spark, config, changed, run_id, interval, app_id, version)
+            bl.append_corrections(spark, config, changed, run_id, interval, app_id, version)
         rows = [dict(r, new_count=r["new_count"]) for r in changed + version_only]
         bl._merge_absolute(spark, config, rows, app_id, version)
 
