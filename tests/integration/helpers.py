@@ -40,6 +40,35 @@ def isolated_config(stack: LocalStack, data_dir: Path, prefix: str, **sections: 
     return make_config(data_dir, **base)
 
 
+def crash_test_config(stack: LocalStack, data_dir: Path, prefix: str) -> Config:
+    """Small batches, so a wave spans several micro-batches and crashes land mid-stream."""
+    return isolated_config(
+        stack,
+        data_dir,
+        prefix,
+        kafka={"max_offsets_per_trigger": 50},
+        stream={"allowed_lateness_seconds": 3600, "trigger_interval_seconds": 0.5},
+    )
+
+
+def crash_then_restart(config: Config, point: str, marker: Path, master: str, timeout: float) -> None:
+    """Start the stream with the fault switch at ``point`` (batch 1 or later, once: ``marker``), check it
+    died there with the injected exit code, and start it again on ``master`` (another parallelism)."""
+    import psutil
+
+    from kdq.stream_process import start_stream, stream_process
+
+    env = {"KDQ_FAULT_POINT": point, "KDQ_FAULT_BATCH": "1", "KDQ_FAULT_MARKER": str(marker)}
+    pid = start_stream(config, extra_env=env)
+    try:
+        code = psutil.Process(pid).wait(timeout=timeout)
+    except psutil.NoSuchProcess:
+        code = None
+    assert marker.exists(), f"the fault at {point} did not fire; log:\n{stream_process(config).log_tail(40)}"
+    assert code == 137, f"expected the injected crash (137) at {point}, got {code}"
+    start_stream(config, extra_env={**env, "KDQ_SPARK__MASTER": master})
+
+
 def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, int]], key: bytes | None = None) -> None:
     """records: (partition, value, timestamp_ms)."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "message.max.bytes": 8_000_000})
@@ -48,8 +77,8 @@ def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, i
     assert producer.flush(60) == 0
 
 
-def latest_metrics(config: Config, timeout: float = 30.0, expect: int | None = None) -> dict[tuple[str, int, str], int]:
-    """Latest value per key on the metrics topic (what a compacted-topic consumer converges to)."""
+def _metrics_messages(config: Config, timeout: float) -> list[tuple[dict, bytes]]:
+    """(key, value) of every message on the metrics topic up to its current end, in offset order per partition."""
     consumer = Consumer({"bootstrap.servers": config.kafka_bootstrap(), "group.id": f"t-{uuid.uuid4().hex}"})
     topic = config.kafka.metrics_topic
     try:
@@ -57,19 +86,27 @@ def latest_metrics(config: Config, timeout: float = 30.0, expect: int | None = N
         partitions = [TopicPartition(topic, p, 0) for p in meta.partitions]
         ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in partitions}
         consumer.assign(partitions)
-        latest: dict[tuple[str, int, str], int] = {}
+        messages: list[tuple[dict, bytes]] = []
         position = {p: 0 for p in ends}
         deadline = time.monotonic() + timeout
         while any(position[p] < ends[p] for p in ends) and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is None or msg.error():
                 continue
-            key = json.loads(msg.key())
-            latest[(key["topic"], key["window"], key["status"])] = int(msg.value())
             position[msg.partition()] = msg.offset() + 1
-        return latest
+            messages.append((json.loads(msg.key()), msg.value()))
+        return messages
     finally:
         consumer.close()
+
+
+def latest_metrics(config: Config, timeout: float = 30.0) -> dict[tuple[str, int, str], int]:
+    """Latest count per window key on the metrics topic (what a compacted-topic consumer converges to)."""
+    return {
+        (key["topic"], key["window"], key["status"]): int(value)
+        for key, value in _metrics_messages(config, timeout)
+        if "status" in key
+    }
 
 
 def influx_points(config: Config, measurement: str) -> dict[int, tuple[int, int]]:
@@ -194,28 +231,11 @@ def summary_rows(spark, config: Config, name: str | None = None) -> dict[tuple[s
 
 def latest_summary_metrics(config: Config, timeout: float = 30.0) -> dict[tuple[str, str, int, str], dict]:
     """Latest statistics per summary key on the metrics topic; the group as canonical JSON text."""
-    consumer = Consumer({"bootstrap.servers": config.kafka_bootstrap(), "group.id": f"t-{uuid.uuid4().hex}"})
-    topic = config.kafka.metrics_topic
-    try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        partitions = [TopicPartition(topic, p, 0) for p in meta.partitions]
-        ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in partitions}
-        consumer.assign(partitions)
-        latest: dict[tuple[str, str, int, str], dict] = {}
-        position = {p: 0 for p in ends}
-        deadline = time.monotonic() + timeout
-        while any(position[p] < ends[p] for p in ends) and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            position[msg.partition()] = msg.offset() + 1
-            key = json.loads(msg.key())
-            if "summary" in key:
-                group = json.dumps(key["group"], separators=(",", ":"))
-                latest[(key["summary"], key["topic"], key["window"], group)] = json.loads(msg.value())
-        return latest
-    finally:
-        consumer.close()
+    return {
+        (key["summary"], key["topic"], key["window"], json.dumps(key["group"], separators=(",", ":"))): json.loads(value)
+        for key, value in _metrics_messages(config, timeout)
+        if "summary" in key
+    }
 
 
 def influx_summary_points(config: Config, measurement: str) -> dict[tuple[int, tuple], dict]:

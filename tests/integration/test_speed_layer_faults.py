@@ -17,9 +17,10 @@ from pyspark.sql import functions as F
 from kdq.stream_process import start_stream, stop_stream, stream_process
 from tests.integration.helpers import (
     W0,
+    crash_test_config,
+    crash_then_restart,
     expected_counts,
     influx_points,
-    isolated_config,
     latest_metrics,
     produce,
     wait_for,
@@ -40,25 +41,10 @@ def _wave(topic_seed: int, n: int, start_ms: int) -> list[tuple[int, bytes, int,
     return records
 
 
-def _wait_exit(pid: int, timeout: float) -> int | None:
-    try:
-        proc = psutil.Process(pid)
-        return proc.wait(timeout=timeout)
-    except psutil.NoSuchProcess:
-        return None
-
-
 @pytest.fixture
 def stream_config(local_stack, tmp_path):
     prefix = f"fx{tmp_path.name[-6:].replace('_', '')}"
-    config = isolated_config(
-        local_stack,
-        tmp_path / "data",
-        prefix,
-        # Small batches, so a wave spans several micro-batches and crashes land mid-stream.
-        kafka={"max_offsets_per_trigger": 50},
-        stream={"allowed_lateness_seconds": 3600, "trigger_interval_seconds": 0.5},
-    )
+    config = crash_test_config(local_stack, tmp_path / "data", prefix)
     config = write_config_file(config, tmp_path / "kdq.toml")
     try:
         yield prefix, config
@@ -77,15 +63,8 @@ def test_exactly_once_through_crashes_and_parallelism_changes(spark, local_stack
         wave = _wave(n, 100, W0 + n * 3000)
         produce(config.kafka_bootstrap(), topic, [(p, v, ts) for p, v, ts, _ in wave])
         truth += [(ts, ok) for _, _, ts, ok in wave]
-        marker = tmp_path / f"fault-{point}"
-        env = {"KDQ_FAULT_POINT": point, "KDQ_FAULT_BATCH": "1", "KDQ_FAULT_MARKER": str(marker)}
-        pid = start_stream(config, extra_env=env)
-        code = _wait_exit(pid, timeout=240)
-        assert marker.exists(), f"the fault at {point} did not fire; log:\n{stream_process(config).log_tail(40)}"
-        assert code == 137, f"expected the injected crash (137) at {point}, got {code}"
         # Restart with another parallelism each time (local[1] <-> local[2]).
-        master = "local[1]" if n % 2 == 0 else "local[2]"
-        start_stream(config, extra_env={**env, "KDQ_SPARK__MASTER": master})
+        crash_then_restart(config, point, tmp_path / f"fault-{point}", "local[1]" if n % 2 == 0 else "local[2]", 240)
         expected = expected_counts(topic, truth)
         wait_for(
             lambda expected=expected: window_counts(spark, config, topic) == expected,

@@ -6,19 +6,17 @@ from __future__ import annotations
 import json
 import random
 
-import psutil
 import pytest
 
-from kdq.stream_process import start_stream, stop_stream, stream_process
-from tests.integration.helpers import isolated_config, summary_rows, wait_for, write_config_file_with_summaries
+from kdq.stream_process import stop_stream
+from tests.integration.helpers import (
+    crash_test_config,
+    crash_then_restart,
+    summary_rows,
+    wait_for,
+    write_config_file_with_summaries,
+)
 from tests.integration.test_summaries import W0, Truth, _assert_stats, assert_everywhere
-
-
-def _wait_exit(pid: int, timeout: float) -> int | None:
-    try:
-        return psutil.Process(pid).wait(timeout=timeout)
-    except psutil.NoSuchProcess:
-        return None
 
 
 def _delta_exact(spark, config, truth: Truth) -> bool:
@@ -41,14 +39,7 @@ def stream_config(local_stack, tmp_path):
     prefix = f"sf{tmp_path.name[-6:].replace('_', '')}"
     topic = f"{prefix}-ops"
     local_stack.kafka.create_topic(topic, partitions=3)
-    config = isolated_config(
-        local_stack,
-        tmp_path / "data",
-        prefix,
-        # Small batches, so a wave spans several micro-batches and crashes land mid-stream.
-        kafka={"max_offsets_per_trigger": 50},
-        stream={"allowed_lateness_seconds": 3600, "trigger_interval_seconds": 0.5},
-    ).with_summaries(
+    config = crash_test_config(local_stack, tmp_path / "data", prefix).with_summaries(
         [{"name": "lat", "topic": topic, "value": "value", "group_by": ["env", "metric"], "window_seconds": 600,
           "allowed_lateness_seconds": 3600, "significant_digits": 3, "percentiles": [50, 90, 99]}]
     )
@@ -65,7 +56,8 @@ def test_summaries_exact_through_crashes_before_and_after_their_merge(spark, str
     topic, config = stream_config
     truth = Truth(topic)
     rng = random.Random(5)
-    # after_archive: the batch dies before its summary MERGE (the replay must apply it once);
+    # after_archive: the process dies as soon as its archive append is done, with the summary MERGE
+    # (on the main thread, beside the append) not yet or partly run (the replay must apply it once);
     # after_merge: it dies after the MERGE and the outputs (the replay must skip the MERGE, resend the same).
     for n, point in enumerate(["after_archive", "after_merge"]):
         for _ in range(150):
@@ -73,13 +65,7 @@ def test_summaries_exact_through_crashes_before_and_after_their_merge(spark, str
             truth.add(W0 + rng.randrange(0, 1_200_000), env, metric, round(rng.lognormvariate(2, 1), 3))
         truth.add(W0 + 1_000, "prod", "db_wait", "oops", reason="not_numeric")
         truth.flush(config)
-        marker = tmp_path / f"fault-{point}"
-        env = {"KDQ_FAULT_POINT": point, "KDQ_FAULT_BATCH": "1", "KDQ_FAULT_MARKER": str(marker)}
-        pid = start_stream(config, extra_env=env)
-        code = _wait_exit(pid, timeout=300)
-        assert marker.exists(), f"the fault at {point} did not fire; log:\n{stream_process(config).log_tail(40)}"
-        assert code == 137, f"expected the injected crash (137) at {point}, got {code}"
-        start_stream(config, extra_env={**env, "KDQ_SPARK__MASTER": "local[1]" if n % 2 == 0 else "local[2]"})
+        crash_then_restart(config, point, tmp_path / f"fault-{point}", "local[1]" if n % 2 == 0 else "local[2]", 300)
         wait_for(lambda: _delta_exact(spark, config, truth), 300, f"summaries exact after a crash at {point}", interval=4)
         assert stop_stream(config, timeout=120)
     assert_everywhere(spark, config, truth)
