@@ -16,7 +16,7 @@ until its commit is in the checkpoint):
    else computed and appended: a replay classifies every record identically;
 2. raw archive append, invalid-reason increments append and quarantine sample
    append, each guarded by (app id, N) as write options, on writer threads
-   while this thread runs
+   while this thread runs steps 3 and 4;
 3. the window-count increments MERGE (and the summaries MERGE), guarded by the
    session-wide (app id, N);
 4. absolute counts of the changed windows are read back from Delta and sent
