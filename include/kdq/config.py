@@ -76,6 +76,18 @@ class KafkaConfig(_Section):
 
     _regex = field_validator("topic_include", "topic_exclude")(_check_regex)
 
+    @field_validator("client")
+    @classmethod
+    def _committed_only(cls, value: dict[str, str]) -> dict[str, str]:
+        # Records of aborted transactions must never be counted: every reader is read_committed.
+        level = value.get("isolation.level", "read_committed")
+        if level != "read_committed":
+            raise ValueError(
+                f"isolation.level = {level!r}: kdq reads with read_committed only "
+                "(records of aborted transactions are never counted); remove the setting"
+            )
+        return value
+
     @field_validator("starting_offsets")
     @classmethod
     def _offsets(cls, value: str) -> str:
@@ -365,6 +377,20 @@ class Config(_Section):
     def kafka_client_conf(self) -> dict[str, str]:
         """librdkafka/Java client settings shared by every client we create."""
         return {"bootstrap.servers": self.kafka_bootstrap(), **self.kafka.client}
+
+    def spark_kafka_options(self) -> dict[str, str]:
+        """The ``kafka.*`` options of every Spark Kafka reader (the stream and archive-from-Kafka).
+
+        read_committed: records of aborted transactions are skipped, and a reader
+        never passes an open transaction (it stops at the last stable offset), so
+        what is counted is exactly what producers committed.
+        """
+        return {
+            "kafka.bootstrap.servers": self.kafka_bootstrap(),
+            "kafka.max.partition.fetch.bytes": str(self.kafka.max_message_bytes),
+            **{f"kafka.{key}": value for key, value in self.kafka.client.items()},
+            "kafka.isolation.level": "read_committed",
+        }
 
 
 _SECTIONS: dict[str, type[_Section]] = {

@@ -80,3 +80,16 @@ def test_unreachable_bootstrap_servers_are_reported_as_such(tmp_path) -> None:
     config = load_config(write(tmp_path, f"[kafka]\nbootstrap_servers = '127.0.0.1:{port}'\n"), env={})
     with pytest.raises(ConfigError, match=f"cannot reach any broker: 127.0.0.1:{port}"):
         check_kafka_reachable(config, timeout=1)
+
+
+def test_every_spark_kafka_reader_is_read_committed(tmp_path) -> None:
+    path = write(tmp_path, "[kafka]\nbootstrap_servers = 'a:1'\nclient = { 'security.protocol' = 'SSL' }\n")
+    options = load_config(path, env={}).spark_kafka_options()
+    assert options["kafka.isolation.level"] == "read_committed"
+    assert options["kafka.security.protocol"] == "SSL" and options["kafka.bootstrap.servers"] == "a:1"
+
+
+def test_read_uncommitted_is_refused_at_start(tmp_path) -> None:
+    path = write(tmp_path, "[kafka]\nclient = { 'isolation.level' = 'read_uncommitted' }\n")
+    with pytest.raises(ConfigError, match=r"kafka\.client.*read_committed"):
+        load_config(path, env={})

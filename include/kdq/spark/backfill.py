@@ -154,16 +154,13 @@ def read_kafka_range(spark: SparkSession, config: Config, ranges: Sequence[dict]
         ending.setdefault(r["topic"], {})[str(r["partition"])] = r["end"]
     reader = (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", config.kafka_bootstrap())
+        .options(**config.spark_kafka_options())
         .option("assign", json.dumps(assign))
         .option("startingOffsets", json.dumps(starting))
         .option("endingOffsets", json.dumps(ending))
         # Records deleted between resolving and reading are reported by a re-run, not fatal.
         .option("failOnDataLoss", "false")
-        .option("kafka.max.partition.fetch.bytes", str(config.kafka.max_message_bytes))
     )
-    for key, value in config.kafka.client.items():
-        reader = reader.option(f"kafka.{key}", value)
     return reader.load()
 
 

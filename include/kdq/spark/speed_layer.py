@@ -211,7 +211,7 @@ class SpeedLayer:
         pattern = subscribe_pattern(kafka.topic_include, kafka.topic_exclude, (kafka.metrics_topic,))
         reader = (
             self.spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", self.config.kafka_bootstrap())
+            .options(**self.config.spark_kafka_options())
             .option("subscribePattern", pattern)
             .option("startingOffsets", kafka.starting_offsets)
             .option("maxOffsetsPerTrigger", kafka.max_offsets_per_trigger)
@@ -219,10 +219,7 @@ class SpeedLayer:
             # New topics matching the pattern are found when the consumer
             # refreshes metadata; the client default (5 min) is too slow.
             .option("kafka.metadata.max.age.ms", "5000")
-            .option("kafka.max.partition.fetch.bytes", str(kafka.max_message_bytes))
         )
-        for key, value in kafka.client.items():
-            reader = reader.option(f"kafka.{key}", value)
         return reader.load()
 
     def start(self, trigger_seconds: float | None = None, available_now: bool = False) -> StreamingQuery:

@@ -26,6 +26,13 @@ INVALID = "invalid"
 BAD_TIMESTAMP = "bad_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
 
+# The event times a record may carry: 1970-01-01T00:00:00.000Z to
+# 9999-12-31T23:59:59.999Z in epoch millis. Outside it a value is a unit
+# mistake (epoch micro- or nanoseconds), a sentinel or garbage, and would
+# overflow Spark's microsecond timestamps; such records are bad_timestamp.
+MIN_EVENT_MS = 0
+MAX_EVENT_MS = 253_402_300_799_999
+
 # Columns of the classified frame (and of the raw archive, minus the write-time ones).
 CLASSIFIED_COLUMNS = (
     "topic",
@@ -50,6 +57,11 @@ def _by_topic(topic: Column, rules: RuleSet, pick, default: Column) -> Column:
     return default if selected is None else F.coalesce(selected, default)
 
 
+def _in_range_millis(millis: Column) -> Column:
+    """Epoch millis as a timestamp, or null outside [MIN_EVENT_MS, MAX_EVENT_MS] (never an overflow)."""
+    return F.timestamp_millis(F.when(millis.between(MIN_EVENT_MS, MAX_EVENT_MS), millis))
+
+
 def _event_time_from_field(rule: TopicRule) -> Column:
     """The configured JSON field as a timestamp, or null when it cannot be read.
 
@@ -68,11 +80,15 @@ def _event_time_from_field(rule: TopicRule) -> Column:
     iso = F.when(~is_number & as_string.contains("-"), F.expr(f"try_to_timestamp(try_variant_get(__parsed, '{path}', 'string'))"))
     fmt = rule.event_time_format
     if fmt == "epoch_millis":
-        result = F.timestamp_millis(F.coalesce(millis, F.when(~is_number, digits)))
+        result = _in_range_millis(F.coalesce(millis, F.when(~is_number, digits)))
     elif fmt == "iso8601":
         result = iso
     else:
-        result = F.coalesce(F.timestamp_millis(millis), F.timestamp_millis(F.when(~is_number, digits)), iso)
+        result = F.coalesce(_in_range_millis(millis), _in_range_millis(F.when(~is_number, digits)), iso)
+    # Range-checked once more as a timestamp: ISO strings may name year 0 or a
+    # year before 1970.
+    in_range = F.unix_millis(result).between(MIN_EVENT_MS, MAX_EVENT_MS)
+    result = F.when(in_range, result)
     return result.alias("event_time_field")
 
 

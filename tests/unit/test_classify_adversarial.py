@@ -1,0 +1,199 @@
+"""No value can stop the counts: every record gets a verdict from the classification both layers use.
+
+The speed layer, the hourly recompute, the rebuild and archive-from-Kafka all call
+:func:`kdq.spark.transforms.classify`; a record it cannot classify would fail the
+whole micro-batch, and a replay would fail the same way forever. Here generated
+adversarial values (random bytes, absurd event times, deep nesting, numbers beyond
+64 bits, lone surrogates, duplicate keys) and the named poison records of the
+issue go through it, and every row must come back with a verdict.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kdq.config import StreamConfig
+from kdq.rules import RuleSet, load_rules
+
+# Everything classify may answer; "schema:<pointer>" reasons are checked by prefix.
+KNOWN_REASONS = {"too_large", "null_value", "not_utf8", "not_json", "bad_timestamp", "future_timestamp"}
+MAX_EVENT_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+KAFKA_TS = dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC)
+STREAM = StreamConfig(window_seconds=1, max_value_bytes=200_000)
+
+# One topic per event-time format, one with a schema, one without any rule.
+TOPICS = ("evt.auto", "evt.millis", "evt.iso", "nested.auto", "schema", "plain")
+TOPICS_TOML = """
+[[topic]]
+match = "evt.auto"
+event_time_field = "ts"
+
+[[topic]]
+match = "evt.millis"
+event_time_field = "ts"
+event_time_format = "epoch_millis"
+
+[[topic]]
+match = "evt.iso"
+event_time_field = "ts"
+event_time_format = "iso8601"
+
+[[topic]]
+match = "nested.auto"
+event_time_field = "meta.ts"
+"""
+SCHEMA = {
+    "type": "object",
+    "required": ["id"],
+    "properties": {"id": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0}},
+}
+
+
+@pytest.fixture(scope="module")
+def ruleset(tmp_path_factory: pytest.TempPathFactory) -> RuleSet:
+    folder: Path = tmp_path_factory.mktemp("adversarial-rules")
+    (folder / "topics.toml").write_text(TOPICS_TOML)
+    (folder / "schema.schema.json").write_text(json.dumps(SCHEMA))
+    return load_rules(folder)
+
+
+def classify_values(spark, ruleset: RuleSet, records: list[tuple[str, bytes | None]]) -> list:
+    """(topic, value) → classified rows in input order (offset = position)."""
+    from kdq.spark import transforms
+
+    rows = [(topic, 0, i, value, KAFKA_TS, None) for i, (topic, value) in enumerate(records)]
+    frame = spark.createDataFrame(
+        rows, "topic string, partition int, offset long, value binary, timestamp timestamp, key binary"
+    )
+    ingest_ms = int(time.time() * 1000)
+    classified = transforms.classify(frame, ruleset, STREAM, ingest_ms)
+    return sorted(classified.collect(), key=lambda r: r["offset"])
+
+
+def assert_every_record_has_a_verdict(records: list[tuple[str, bytes | None]], got: list) -> None:
+    assert len(got) == len(records), "every record comes back exactly once"
+    for (topic, value), row in zip(records, got, strict=True):
+        where = f"{topic} {value[:200] if value else value!r}"
+        assert row["valid"] in (True, False), where
+        assert row["valid"] == (row["reason"] is None), where
+        if row["reason"] is not None:
+            assert row["reason"] in KNOWN_REASONS or row["reason"].startswith("schema:"), (where, row["reason"])
+        assert row["event_time"] is not None and row["window_start"] is not None and row["event_hour"], where
+        assert 0 <= row["event_time"].timestamp() * 1000 <= MAX_EVENT_MS, where
+
+
+# -- generated values -------------------------------------------------------------------------------
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=True, allow_infinity=True),
+    # Every code point, lone surrogates included: json.dumps escapes them as \udXXX.
+    st.text(st.characters(codec=None, exclude_categories=()), max_size=40),
+)
+_json_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+    max_leaves=20,
+)
+_event_times = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([1_700_000_000_000_000_000, 1_700_000_000_000_000, -1, -62_135_596_800_001, MAX_EVENT_MS + 1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.from_regex(r"-?[0-9]{1,30}", fullmatch=True),
+    st.from_regex(r"[+-]?[0-9]{1,6}-[0-9]{1,2}-[0-9]{1,2}([T ][0-9]{1,2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?(Z|[+-][0-9]{2}:?[0-9]{2})?)?", fullmatch=True),
+    st.sampled_from(["NaN", "Infinity", "", "now", "9" * 5000]),
+    _json_values,
+)
+
+
+def _encode(value: object) -> bytes:
+    return json.dumps(value, allow_nan=True).encode("utf-8", "surrogatepass")
+
+
+@st.composite
+def _record(draw: st.DrawFn) -> tuple[str, bytes | None]:
+    topic = draw(st.sampled_from(TOPICS))
+    kind = draw(st.integers(0, 5))
+    if kind == 0:
+        return topic, draw(st.one_of(st.none(), st.binary(max_size=64)))
+    if kind == 1:
+        depth = draw(st.integers(1, 3000))
+        opener, closer = draw(st.sampled_from([("[", "]"), ('{"a":', "}")]))
+        return topic, (opener * depth + "1" + closer * depth).encode()
+    if kind == 2:
+        key = draw(st.sampled_from(["ts", "id", "a"]))
+        return topic, f'{{"{key}":1,"{key}":2}}'.encode()
+    if kind == 3:
+        return topic, _encode(draw(_json_values))
+    ts = draw(_event_times)
+    body = {"id": draw(st.text(max_size=10)), "ts": ts, "meta": {"ts": ts}}
+    return topic, _encode(body)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+@given(records=st.lists(_record(), min_size=1, max_size=40))
+def test_generated_values_all_get_a_verdict(spark, ruleset: RuleSet, records) -> None:
+    assert_every_record_has_a_verdict(records, classify_values(spark, ruleset, records))
+
+
+# -- the named poison records -----------------------------------------------------------------------
+
+POISON: list[tuple[str, bytes, str | None]] = [
+    # event times out of range, read from the configured field
+    ("evt.auto", b'{"ts": 1700000000000000000}', "bad_timestamp"),  # epoch nanoseconds
+    ("evt.millis", b'{"ts": 1700000000000000000}', "bad_timestamp"),
+    ("evt.auto", b'{"ts": 1700000000000000}', "bad_timestamp"),  # epoch microseconds
+    ("evt.millis", b'{"ts": "1700000000000000"}', "bad_timestamp"),
+    ("evt.auto", b'{"ts": -1}', "bad_timestamp"),  # negative
+    ("evt.auto", b'{"ts": -62135596800001}', "bad_timestamp"),  # before year 1
+    ("evt.auto", b'{"ts": 253402300800000}', "bad_timestamp"),  # after 9999
+    ("evt.iso", b'{"ts": "10000-01-01T00:00:00Z"}', "bad_timestamp"),
+    ("evt.iso", b'{"ts": "0000-01-01T00:00:00Z"}', "bad_timestamp"),
+    ("evt.iso", b'{"ts": "1969-12-31T23:59:59Z"}', "bad_timestamp"),
+    ("evt.auto", b'{"ts": "NaN"}', "bad_timestamp"),
+    ("evt.auto", b'{"ts": NaN}', "not_json"),
+    ("evt.auto", b'{"ts": "' + b"9" * 100_000 + b'"}', "bad_timestamp"),  # huge string
+    ("evt.auto", b'{"ts": 123456789012345678901234567890}', "bad_timestamp"),  # beyond 64 bits
+    ("evt.auto", b'{"ts": 1e400}', "bad_timestamp"),
+    ("nested.auto", b'{"meta": {"ts": 1700000000000000000}}', "bad_timestamp"),
+    # the boundaries themselves are fine
+    ("evt.auto", b'{"ts": 0}', None),
+    ("evt.auto", b'{"ts": 1700000000000}', None),
+    ("evt.auto", b'{"ts": 253402300799999}', "future_timestamp"),  # readable, but far ahead of ingest
+    ("evt.iso", b'{"ts": "9999-12-31T23:59:59.999Z"}', "future_timestamp"),
+    # structure
+    ("plain", b"[" * 20_000 + b"]" * 20_000, "not_json"),  # deeper than the parser's limit
+    ("schema", b'{"id":"a","n":' + b"9" * 40 + b"}", None),  # an integer beyond 64 bits, still >= 0
+    ("schema", b'{"id":"a","n":-' + b"9" * 40 + b"}", "schema:/properties/n/minimum"),
+    ("schema", b'{"id":"a","n":' + b"9" * 5_000 + b"}", "not_json"),  # a number longer than the parser's limit
+    ("schema", b'{"id":"\\ud800"}', "not_json"),  # a lone surrogate escape: Spark's parser refuses it
+    ("schema", b'{"id":"\xed\xa0\x80"}', "not_utf8"),  # an encoded surrogate is not UTF-8
+    ("schema", b'{"id":"a","id":"b"}', "not_json"),  # duplicate keys
+]
+
+
+def test_named_poison_records_get_their_reason(spark, ruleset: RuleSet) -> None:
+    records = [(topic, value) for topic, value, _ in POISON]
+    got = classify_values(spark, ruleset, records)
+    assert_every_record_has_a_verdict(records, got)
+    mismatches = [
+        f"{topic} {value[:60]!r}: expected {expected!r}, got {row['reason']!r}"
+        for (topic, value, expected), row in zip(POISON, got, strict=True)
+        if row["reason"] != expected
+    ]
+    assert mismatches == [], "\n".join(mismatches)
+    # A bad event time counts in the window of the Kafka timestamp.
+    assert got[0]["event_time"] == KAFKA_TS.replace(tzinfo=None)
