@@ -1,0 +1,377 @@
+package io.kdq.spark;
+
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.regex.Pattern;
+import java.util.regex.PatternSyntaxException;
+
+import org.apache.spark.sql.Row;
+
+import com.networknt.schema.AbsoluteIri;
+import com.networknt.schema.ExecutionConfig;
+import com.networknt.schema.Schema;
+import com.networknt.schema.SchemaLocation;
+import com.networknt.schema.SchemaRegistry;
+import com.networknt.schema.SchemaRegistryConfig;
+import com.networknt.schema.SpecificationVersion;
+import com.networknt.schema.ValidationLimitExceededException;
+import com.networknt.schema.path.PathType;
+
+import tools.jackson.databind.JsonNode;
+import tools.jackson.databind.json.JsonMapper;
+
+/**
+ * A compiled configuration: limits, the rules in precedence order with their schemas compiled
+ * by networknt (references resolved only from the configuration's resources), and the
+ * topic → rule dispatch cache. Thread-safe; shared by every task of an executor.
+ */
+final class CompiledConfig {
+    /** Meta-schemas networknt ships on its classpath: the only IRIs loadable besides the resources. */
+    private static final String[] META_SCHEMA_PREFIXES = {"https://json-schema.org/", "http://json-schema.org/"};
+    /** Topics remembered by the dispatch cache (Kafka clusters have far fewer). */
+    private static final int MAX_CACHED_TOPICS = 1_000_000;
+    private static final Object NO_RULE = new Object();
+
+    final long maxValueBytes;
+    final int maxNestingDepth;
+    final boolean assertFormat;
+    final List<CompiledRule> rules;
+    private final Throwable failure;
+    private final Json json;
+    private final ExecutionConfig executionConfig;
+    /** Exact match → first rule (precedence index) with that match. */
+    private final Map<String, Integer> exact;
+    /** Pattern rules in precedence order. */
+    private final List<Integer> patternRules;
+    private final ConcurrentHashMap<String, Object> dispatch = new ConcurrentHashMap<>();
+
+    private CompiledConfig(long maxValueBytes, int maxNestingDepth, boolean assertFormat, List<CompiledRule> rules,
+            Throwable failure) {
+        this.maxValueBytes = maxValueBytes;
+        this.maxNestingDepth = maxNestingDepth;
+        this.assertFormat = assertFormat;
+        this.rules = rules;
+        this.failure = failure;
+        this.json = new Json(maxNestingDepth);
+        this.executionConfig = ExecutionConfig.builder()
+                .formatAssertionsEnabled(assertFormat)
+                .failFast(false)
+                // Guards against runaway schemas (deeply recursive or exponential applicators).
+                .maxEvaluationDepth(4 * maxNestingDepth + 100)
+                .maxEvaluationSteps(5_000_000L)
+                .build();
+        this.exact = new HashMap<>();
+        this.patternRules = new ArrayList<>();
+        for (int i = 0; i < rules.size(); i++) {
+            CompiledRule rule = rules.get(i);
+            if (rule.topicPattern != null) {
+                patternRules.add(i);
+            } else {
+                exact.putIfAbsent(rule.match, i);
+            }
+        }
+    }
+
+    /** A configuration that could not be compiled: every record reports internal_error. */
+    static CompiledConfig failed(Throwable failure) {
+        return new CompiledConfig(Long.MAX_VALUE, 500, true, List.of(), failure);
+    }
+
+    String summary() {
+        long withSchema = rules.stream().filter(r -> r.schema != null).count();
+        return rules.size() + (rules.size() == 1 ? " rule" : " rules") + " compiled (" + withSchema
+                + " with a schema, " + patternRules.size() + " topic patterns)";
+    }
+
+    // ------------------------------------------------------------------ compile
+
+    static CompiledConfig compile(String configJson) {
+        if (configJson == null) {
+            throw new IllegalArgumentException("kdq rules configuration is null");
+        }
+        JsonMapper mapper = Json.configMapper();
+        JsonNode cfg;
+        try {
+            cfg = mapper.readTree(configJson);
+        } catch (RuntimeException e) {
+            throw new IllegalArgumentException("kdq rules configuration is not valid JSON: " + e.getMessage(), e);
+        }
+        if (cfg == null || !cfg.isObject()) {
+            throw new IllegalArgumentException("kdq rules configuration must be a JSON object");
+        }
+        long maxValueBytes = cfg.path("max_value_bytes").asLong(1_048_576L);
+        int maxNestingDepth = cfg.path("max_nesting_depth").asInt(500);
+        boolean assertFormat = cfg.path("assert_format").asBoolean(true);
+        if (maxValueBytes < 0 || maxNestingDepth < 1) {
+            throw new IllegalArgumentException("max_value_bytes must be >= 0 and max_nesting_depth >= 1");
+        }
+
+        // Every document a $ref may reach, by absolute IRI: the resources, then the rules' own schemas.
+        Map<String, String> documents = new LinkedHashMap<>();
+        JsonNode resources = cfg.path("resources");
+        if (resources.isObject()) {
+            for (var e : resources.properties()) {
+                documents.put(stripEmptyFragment(e.getKey()), mapper.writeValueAsString(e.getValue()));
+            }
+        }
+        JsonNode ruleNodes = cfg.path("rules");
+        if (!ruleNodes.isArray()) {
+            throw new IllegalArgumentException("kdq rules configuration has no \"rules\" array");
+        }
+        List<String> baseUris = new ArrayList<>();
+        int index = 0;
+        for (JsonNode r : ruleNodes) {
+            String base = r.path("base_uri").isString() ? r.get("base_uri").asString()
+                    : "kdq:/rules/rule-" + index + ".schema.json";
+            base = stripEmptyFragment(base);
+            baseUris.add(base);
+            JsonNode schema = r.get("schema");
+            if (schema != null && !schema.isNull()) {
+                documents.putIfAbsent(base, mapper.writeValueAsString(schema));
+            }
+            index++;
+        }
+
+        SchemaRegistryConfig registryConfig = SchemaRegistryConfig.builder()
+                .formatAssertionsEnabled(assertFormat)
+                .regularExpressionFactory(BudgetRegexFactory.INSTANCE)
+                .pathType(PathType.JSON_POINTER)
+                .failFast(false)
+                .cacheRefs(true)
+                .build();
+        SchemaRegistry registry = SchemaRegistry.withDefaultDialect(SpecificationVersion.DRAFT_2020_12,
+                builder -> builder
+                        .schemaRegistryConfig(registryConfig)
+                        .schemaLoader(loader -> loader
+                                .resourceLoaders(loaders -> loaders.resources(documents))
+                                .block(iri -> !allowed(iri, documents))));
+
+        List<CompiledRule> rules = new ArrayList<>();
+        index = 0;
+        for (JsonNode r : ruleNodes) {
+            rules.add(compileRule(r, baseUris.get(index), registry, documents));
+            index++;
+        }
+        return new CompiledConfig(maxValueBytes, maxNestingDepth, assertFormat, List.copyOf(rules), null);
+    }
+
+    private static String stripEmptyFragment(String iri) {
+        return iri.endsWith("#") ? iri.substring(0, iri.length() - 1) : iri;
+    }
+
+    private static boolean allowed(AbsoluteIri iri, Map<String, String> documents) {
+        String s = iri.toString();
+        if (documents.containsKey(s) || documents.containsKey(stripEmptyFragment(s))) {
+            return true;
+        }
+        for (String prefix : META_SCHEMA_PREFIXES) {
+            if (s.startsWith(prefix)) {
+                return true; // networknt maps these to the copies on its classpath, never the network
+            }
+        }
+        return false;
+    }
+
+    private static CompiledRule compileRule(JsonNode r, String baseUri, SchemaRegistry registry,
+            Map<String, String> documents) {
+        String label = r.path("label").asString(r.path("match").asString("?"));
+        String source = r.path("source").asString("(inline)");
+        String where = "rule '" + label + "' (" + source + ")";
+        try {
+            String match = r.path("match").asString(null);
+            if (match == null) {
+                throw new IllegalArgumentException("has no \"match\"");
+            }
+            boolean isPattern = r.path("is_pattern").asBoolean(false);
+            Pattern topicPattern = null;
+            if (isPattern) {
+                try {
+                    topicPattern = Pattern.compile(match);
+                } catch (PatternSyntaxException e) {
+                    throw new IllegalArgumentException("topic pattern '" + match + "' is not a valid Java regex: "
+                            + firstLine(e.getMessage()));
+                }
+            }
+            String version = r.path("version").asString("none");
+            String[] field = null;
+            JsonNode f = r.get("event_time_field");
+            if (f != null && !f.isNull()) {
+                if (!f.isArray() || f.isEmpty()) {
+                    throw new IllegalArgumentException("event_time_field must be a non-empty list of member names");
+                }
+                field = new String[f.size()];
+                for (int i = 0; i < f.size(); i++) {
+                    if (!f.get(i).isString()) {
+                        throw new IllegalArgumentException("event_time_field must list member names (strings)");
+                    }
+                    field[i] = f.get(i).asString();
+                }
+            }
+            EventTime.Format format = EventTime.Format.of(r.path("event_time_format").asString("auto"));
+            Schema schema = null;
+            JsonNode schemaNode = r.get("schema");
+            if (schemaNode != null && !schemaNode.isNull()) {
+                schema = compileSchema(schemaNode, baseUri, registry, documents);
+            }
+            return new CompiledRule(label, match, topicPattern, version, field, format, schema);
+        } catch (RuntimeException | StackOverflowError e) {
+            throw new IllegalArgumentException(where + ": " + describe(e), e);
+        }
+    }
+
+    private static Schema compileSchema(JsonNode schemaNode, String baseUri, SchemaRegistry registry,
+            Map<String, String> documents) {
+        if (!schemaNode.isObject() && !schemaNode.isBoolean()) {
+            throw new IllegalArgumentException("schema must be a JSON object or a boolean");
+        }
+        JsonNode dialect = schemaNode.path("$schema");
+        if (dialect.isString()) {
+            String id = dialect.asString();
+            if (SpecificationVersion.fromDialectId(id).isEmpty()
+                    && SpecificationVersion.fromDialectId(stripEmptyFragment(id)).isEmpty()
+                    && SpecificationVersion.fromDialectId(stripEmptyFragment(id) + "#").isEmpty()
+                    && !documents.containsKey(stripEmptyFragment(id))) {
+                throw new IllegalArgumentException("unknown $schema dialect '" + id
+                        + "' (known: drafts 4, 6, 7, 2019-09, 2020-12, or a meta-schema among the resources)");
+            }
+        }
+        Schema schema = registry.getSchema(SchemaLocation.of(baseUri), schemaNode);
+        // Resolve every reference and compile every regex now, not on the first record.
+        schema.initializeValidators();
+        return schema;
+    }
+
+    static String describe(Throwable e) {
+        if (e instanceof PatternSyntaxException) {
+            PatternSyntaxException p = (PatternSyntaxException) e;
+            return "regex '" + p.getPattern() + "' does not compile in Java: " + firstLine(p.getDescription());
+        }
+        if (e instanceof StackOverflowError) {
+            return "schema too deeply nested or self-referencing (StackOverflowError)";
+        }
+        String message = e.getMessage();
+        if (e instanceof IllegalArgumentException && message != null) {
+            return message;
+        }
+        Throwable cause = e.getCause();
+        if (cause != null && cause != e && (message == null || message.equals(cause.toString()))) {
+            return describe(cause);
+        }
+        String name = e.getClass().getSimpleName();
+        return message == null ? name : name + ": " + firstLine(message);
+    }
+
+    private static String firstLine(String s) {
+        if (s == null) {
+            return "";
+        }
+        int nl = s.indexOf('\n');
+        return nl < 0 ? s : s.substring(0, nl);
+    }
+
+    // ------------------------------------------------------------------ run time
+
+    /** The first rule (precedence order) matching the topic, or null. O(1) once the topic was seen. */
+    CompiledRule ruleFor(String topic) {
+        if (topic == null) {
+            return null;
+        }
+        Object cached = dispatch.get(topic);
+        if (cached == null) {
+            cached = resolve(topic);
+            if (dispatch.size() < MAX_CACHED_TOPICS) {
+                dispatch.putIfAbsent(topic, cached);
+            }
+        }
+        return cached == NO_RULE ? null : (CompiledRule) cached;
+    }
+
+    private Object resolve(String topic) {
+        Integer exactIndex = exact.get(topic);
+        int limit = exactIndex == null ? Integer.MAX_VALUE : exactIndex;
+        for (int i : patternRules) {
+            if (i > limit) {
+                break;
+            }
+            if (rules.get(i).topicPattern.matcher(topic).matches()) {
+                return rules.get(i);
+            }
+        }
+        return exactIndex == null ? NO_RULE : rules.get(exactIndex);
+    }
+
+    Row classify(String topic, byte[] value) {
+        if (failure != null) {
+            return Classifier.row(Reasons.internalError(failure), null, false, "none");
+        }
+        CompiledRule rule = null;
+        String version = "none";
+        boolean hasField = false;
+        Long eventMs = null;
+        try {
+            rule = ruleFor(topic);
+            if (rule != null) {
+                version = rule.version;
+                hasField = rule.eventTimeField != null;
+            }
+            if (value != null && value.length > maxValueBytes) {
+                return Classifier.row(Reasons.TOO_LARGE, null, hasField, version);
+            }
+            if (value == null) {
+                return Classifier.row(Reasons.NULL_VALUE, null, hasField, version);
+            }
+            if (!Utf8.isValid(value)) {
+                return Classifier.row(Reasons.NOT_UTF8, null, hasField, version);
+            }
+            JsonNode doc;
+            try {
+                doc = json.parse(value);
+            } catch (Json.NotJson e) {
+                return Classifier.row(Reasons.NOT_JSON, null, hasField, version);
+            } catch (Json.TooComplex e) {
+                return Classifier.row(Reasons.TOO_COMPLEX, null, hasField, version);
+            }
+            if (hasField) {
+                eventMs = EventTime.read(doc, rule.eventTimeField, rule.eventTimeFormat);
+            }
+            boolean bad = hasField && eventMs == null;
+            String problem = null;
+            if (rule != null && rule.schema != null) {
+                try {
+                    problem = Evaluation.validate(rule.schema, executionConfig, doc);
+                } catch (ValidationLimitExceededException e) {
+                    problem = Reasons.TOO_COMPLEX;
+                }
+            }
+            return Classifier.row(problem, eventMs, bad, version);
+        } catch (Throwable t) {
+            return Classifier.row(Reasons.internalError(t), eventMs, hasField && eventMs == null, version);
+        }
+    }
+
+    /** One rule, compiled. */
+    static final class CompiledRule {
+        final String label;
+        final String match;
+        final Pattern topicPattern;
+        final String version;
+        final String[] eventTimeField;
+        final EventTime.Format eventTimeFormat;
+        final Schema schema;
+
+        CompiledRule(String label, String match, Pattern topicPattern, String version, String[] eventTimeField,
+                EventTime.Format eventTimeFormat, Schema schema) {
+            this.label = label;
+            this.match = match;
+            this.topicPattern = topicPattern;
+            this.version = version;
+            this.eventTimeField = eventTimeField;
+            this.eventTimeFormat = eventTimeFormat;
+            this.schema = schema;
+        }
+    }
+}
