@@ -5,7 +5,8 @@
 #     (the Airflow UI test) if missing;
 #   - .venv from requirements.txt, plus the kdq package itself (editable);
 #   - the JVM jars from Maven Central (Kafka broker; Spark's Kafka connector and Delta)
-#     into .cache/jars/.
+#     into .cache/jars/, and kdq's own jvm/kdq-spark-functions built (with its tests) into
+#     .cache/jars/kdq/kdq-spark-functions.jar.
 # Each step is skipped when its inputs have not changed (stamp files in .cache/), so a
 # re-run takes a second or two.
 set -euo pipefail
@@ -77,5 +78,21 @@ fetch_jars() {  # name pom-dir extra-mvn-args...
 fetch_jars kafka jvm/kafka-broker -DincludeScope=runtime
 # Only the listed artifacts: their dependencies ship inside pyspark (see the pom).
 fetch_jars spark jvm/spark-connectors -DexcludeTransitive=true
+
+# --- kdq's own Spark functions (jvm/kdq-spark-functions): one shaded jar ---------------
+# The JSON Schema classifier UDF (io.kdq.spark.Classifier). `package` runs the module's
+# JUnit tests (reasons, event time, the JSON-Schema-Test-Suite), so `make test` runs them too.
+kdq_fn_dir=jvm/kdq-spark-functions
+kdq_fn_jar=$CACHE/jars/kdq/kdq-spark-functions.jar
+kdq_fn_hash=$(cd "$kdq_fn_dir" && find pom.xml src -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+if ! stamp_ok kdq-spark-functions "$kdq_fn_hash" || [ ! -f "$kdq_fn_jar" ]; then
+  say "building $kdq_fn_dir with Maven (its tests included; about a minute)"
+  mvn -q -B -f "$kdq_fn_dir/pom.xml" package \
+    || die "Maven could not build $kdq_fn_dir (compile or test failure, see the output above); kdq-spark-functions.jar is required"
+  mkdir -p "$(dirname "$kdq_fn_jar")"
+  cp "$kdq_fn_dir/target/kdq-spark-functions.jar" "$kdq_fn_jar.tmp" || die "could not copy the kdq-spark-functions jar"
+  mv "$kdq_fn_jar.tmp" "$kdq_fn_jar"
+  stamp_set kdq-spark-functions "$kdq_fn_hash"
+fi
 
 say "ready: .venv, $(ls "$CACHE/jars/kafka" | wc -l) Kafka jars, $(ls "$CACHE/jars/spark" | wc -l) Spark connector jars, $(influxd version 2>/dev/null | head -1)"

@@ -136,6 +136,33 @@ final class CompiledConfig {
             index++;
         }
 
+        SchemaRegistry registry = registry(assertFormat, documents);
+
+        // $dynamicRef is resolved when a record is evaluated; its static target (the one a $ref with
+        // the same value would have) must exist: checked now on a copy where $dynamicRef reads $ref.
+        SchemaRegistry probe = null;
+        if (documents.values().stream().anyMatch(d -> d.contains("\"$dynamicRef\""))) {
+            Map<String, String> probeDocuments = new LinkedHashMap<>();
+            for (var e : documents.entrySet()) {
+                probeDocuments.put(e.getKey(), mapper.writeValueAsString(dynamicRefAsRef(mapper.readTree(e.getValue()))));
+            }
+            probe = registry(assertFormat, probeDocuments);
+        }
+
+        List<CompiledRule> rules = new ArrayList<>();
+        index = 0;
+        for (JsonNode r : ruleNodes) {
+            rules.add(compileRule(r, baseUris.get(index), registry, probe, documents));
+            index++;
+        }
+        return new CompiledConfig(maxValueBytes, maxNestingDepth, assertFormat, List.copyOf(rules), null);
+    }
+
+    /**
+     * A registry whose references resolve only to {@code documents} (and networknt's copies of the
+     * official meta-schemas): nothing is ever fetched. Default dialect: draft 2020-12.
+     */
+    private static SchemaRegistry registry(boolean assertFormat, Map<String, String> documents) {
         SchemaRegistryConfig registryConfig = SchemaRegistryConfig.builder()
                 .formatAssertionsEnabled(assertFormat)
                 .regularExpressionFactory(BudgetRegexFactory.INSTANCE)
@@ -143,20 +170,32 @@ final class CompiledConfig {
                 .failFast(false)
                 .cacheRefs(true)
                 .build();
-        SchemaRegistry registry = SchemaRegistry.withDefaultDialect(SpecificationVersion.DRAFT_2020_12,
+        return SchemaRegistry.withDefaultDialect(SpecificationVersion.DRAFT_2020_12,
                 builder -> builder
                         .schemaRegistryConfig(registryConfig)
                         .schemaLoader(loader -> loader
                                 .resourceLoaders(loaders -> loaders.resources(documents))
                                 .block(iri -> !allowed(iri, documents))));
+    }
 
-        List<CompiledRule> rules = new ArrayList<>();
-        index = 0;
-        for (JsonNode r : ruleNodes) {
-            rules.add(compileRule(r, baseUris.get(index), registry, documents));
-            index++;
+    /** A copy of {@code node} where every "$dynamicRef" member with a string value is named "$ref". */
+    private static JsonNode dynamicRefAsRef(JsonNode node) {
+        if (node.isObject()) {
+            tools.jackson.databind.node.ObjectNode copy = Json.configMapper().createObjectNode();
+            for (var e : node.properties()) {
+                String key = e.getKey().equals("$dynamicRef") && e.getValue().isString() ? "$ref" : e.getKey();
+                copy.set(key, dynamicRefAsRef(e.getValue()));
+            }
+            return copy;
         }
-        return new CompiledConfig(maxValueBytes, maxNestingDepth, assertFormat, List.copyOf(rules), null);
+        if (node.isArray()) {
+            tools.jackson.databind.node.ArrayNode copy = Json.configMapper().createArrayNode();
+            for (JsonNode child : node) {
+                copy.add(dynamicRefAsRef(child));
+            }
+            return copy;
+        }
+        return node;
     }
 
     private static String stripEmptyFragment(String iri) {
@@ -176,7 +215,7 @@ final class CompiledConfig {
         return false;
     }
 
-    private static CompiledRule compileRule(JsonNode r, String baseUri, SchemaRegistry registry,
+    private static CompiledRule compileRule(JsonNode r, String baseUri, SchemaRegistry registry, SchemaRegistry probe,
             Map<String, String> documents) {
         String label = r.path("label").asString(r.path("match").asString("?"));
         String source = r.path("source").asString("(inline)");
@@ -216,6 +255,13 @@ final class CompiledConfig {
             JsonNode schemaNode = r.get("schema");
             if (schemaNode != null && !schemaNode.isNull()) {
                 schema = compileSchema(schemaNode, baseUri, registry, documents);
+                if (probe != null) {
+                    try {
+                        compileSchema(dynamicRefAsRef(schemaNode), baseUri, probe, documents);
+                    } catch (RuntimeException e) {
+                        throw new IllegalArgumentException("a $dynamicRef does not resolve: " + describe(e), e);
+                    }
+                }
             }
             return new CompiledRule(label, match, topicPattern, version, field, format, schema);
         } catch (RuntimeException | StackOverflowError e) {
@@ -254,6 +300,12 @@ final class CompiledConfig {
             return "schema too deeply nested or self-referencing (StackOverflowError)";
         }
         String message = e.getMessage();
+        java.util.regex.Matcher blocked = message == null ? null
+                : Pattern.compile("Schema from '(.*)' is not allowed to be loaded\\.?").matcher(message);
+        if (blocked != null && blocked.find()) {
+            return "reference to '" + blocked.group(1) + "' cannot be resolved: it is neither in the rule nor among"
+                    + " the resources (the rules folder's files and mapped URIs); schemas are never fetched";
+        }
         if (e instanceof IllegalArgumentException && message != null) {
             return message;
         }

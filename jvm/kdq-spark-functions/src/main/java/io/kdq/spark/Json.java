@@ -4,7 +4,6 @@ import java.math.BigDecimal;
 
 import tools.jackson.core.JacksonException;
 import tools.jackson.core.StreamReadConstraints;
-import tools.jackson.core.StreamReadFeature;
 import tools.jackson.core.exc.StreamConstraintsException;
 import tools.jackson.core.json.JsonFactory;
 import tools.jackson.databind.DeserializationFeature;
@@ -48,18 +47,28 @@ final class Json {
         }
     }
 
-    private final JsonMapper mapper;
+    /** Floats as doubles: the fast path, for documents without exponents or very long numbers. */
+    private final JsonMapper fast;
+    /** Floats as BigDecimal, kept as doubles when finite (see {@link NumberNodes}). */
+    private final JsonMapper exact;
 
     Json(int maxNestingDepth) {
+        // Duplicate keys: FAIL_ON_READING_DUP_TREE_KEY (the tree builder sees the clash) does what
+        // the parser's STRICT_DUPLICATE_DETECTION does at a fraction of its cost.
         JsonFactory factory = JsonFactory.builder()
-                .enable(StreamReadFeature.STRICT_DUPLICATE_DETECTION)
                 .streamReadConstraints(StreamReadConstraints.builder()
                         .maxNestingDepth(maxNestingDepth)
                         .maxNumberLength(MAX_NUMBER_LENGTH)
                         .build())
                 .build();
-        this.mapper = JsonMapper.builder(factory)
+        this.fast = JsonMapper.builder(factory)
                 .enable(DeserializationFeature.FAIL_ON_TRAILING_TOKENS)
+                .enable(DeserializationFeature.FAIL_ON_READING_DUP_TREE_KEY)
+                .disable(DeserializationFeature.USE_BIG_DECIMAL_FOR_FLOATS)
+                .build();
+        this.exact = JsonMapper.builder(factory)
+                .enable(DeserializationFeature.FAIL_ON_TRAILING_TOKENS)
+                .enable(DeserializationFeature.FAIL_ON_READING_DUP_TREE_KEY)
                 .enable(DeserializationFeature.USE_BIG_DECIMAL_FOR_FLOATS)
                 .nodeFactory(new NumberNodes())
                 .build();
@@ -112,7 +121,9 @@ final class Json {
     JsonNode parse(byte[] utf8) throws NotJson, TooComplex {
         JsonNode node;
         try {
-            node = mapper.readTree(utf8);
+            // Only a number with an exponent or with more than 300 digits can overflow a double (or
+            // be too large to compute with): those documents take the exact path.
+            node = (mayOverflowDouble(utf8) ? exact : fast).readTree(utf8);
         } catch (StreamConstraintsException e) {
             throw new TooComplex();
         } catch (JacksonException e) {
@@ -130,6 +141,27 @@ final class Json {
             throw new NotJson();
         }
         return node;
+    }
+
+    /** Whether the text has a digit followed by e/E, or a run of more than 300 digits (a cheap superset). */
+    static boolean mayOverflowDouble(byte[] b) {
+        int run = 0;
+        for (int i = 0; i < b.length; i++) {
+            byte c = b[i];
+            if (c >= '0' && c <= '9') {
+                if (++run > 300) {
+                    return true;
+                }
+            } else {
+                if ((c == 'e' || c == 'E') && run > 0) {
+                    return true;
+                }
+                if (c != '.') {
+                    run = 0;
+                }
+            }
+        }
+        return false;
     }
 
     private static boolean causedBy(Throwable t, Class<?> type) {
