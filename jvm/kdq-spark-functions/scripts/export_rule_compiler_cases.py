@@ -1,4 +1,7 @@
-"""Export tests/unit/test_rule_compiler.py's SCHEMAS and CASES for the JVM classifier's tests.
+"""Export the Python rule tests' SCHEMAS and CASES table for the JVM classifier's tests.
+
+The table lives in tests/unit/test_classifier.py (formerly test_rule_compiler.py); pass another
+file as the first argument if it moves again.
 
 Writes src/test/resources/rule_compiler_cases.json: a Classifier configuration built like the
 rules folder of that test (topics.toml entries first, then the <topic>.schema.json files in name
@@ -13,6 +16,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -20,7 +24,12 @@ OUT = Path(__file__).resolve().parents[1] / "src" / "test" / "resources" / "rule
 
 
 def main() -> None:
-    spec = importlib.util.spec_from_file_location("trc", ROOT / "tests" / "unit" / "test_rule_compiler.py")
+    candidates = [Path(a) for a in sys.argv[1:]] or [
+        ROOT / "tests" / "unit" / "test_classifier.py",
+        ROOT / "tests" / "unit" / "test_rule_compiler.py",
+    ]
+    source = next(p for p in candidates if p.exists())
+    spec = importlib.util.spec_from_file_location("trc", source)
     trc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(trc)
 
@@ -64,7 +73,7 @@ def main() -> None:
         for topic, value, expected in trc.CASES
     ]
     OUT.write_text(json.dumps({"config": config, "cases": cases}, indent=1, ensure_ascii=False) + "\n")
-    print(f"{OUT}: {len(cases)} cases, {len(rules)} rules")
+    print(f"{OUT}: {len(cases)} cases, {len(rules)} rules (from {source})")
 
 
 if __name__ == "__main__":
