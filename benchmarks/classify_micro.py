@@ -1,6 +1,6 @@
-"""Micro-benchmark of the classification step alone (no Kafka, no Delta), for profiling rule compilation.
+"""Micro-benchmark of the classification step alone (no Kafka, no Delta), for profiling the classifier.
 
-    .venv/bin/python -m benchmarks.classify_micro [--rows 200000] [--repeat 3] [--variants parse,reason,classify]
+    .venv/bin/python -m benchmarks.classify_micro [--rows 200000] [--repeat 3] [--variants scan,verdict,classify]
 
 Messages from the benchmark's generator are cached in memory first, so each
 variant times only its own expressions (noop write: every column computed).
@@ -18,7 +18,9 @@ from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
 
-VARIANTS = ("scan", "parse", "reason", "reason_no_items", "classify", "cached", "aggregate")
+# verdict: the JVM classifier alone; verdict_1000: the same records with 1,000 topic rules in the rule set
+# (each topic its own copy of the orders schema): rule lookup must not depend on the number of rules.
+VARIANTS = ("scan", "verdict", "verdict_1000", "classify", "cached", "aggregate")
 
 
 def main(argv=None) -> int:
@@ -27,7 +29,6 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--explain", action="store_true")
-    p.add_argument("--baseline", type=Path, help="another rule_compiler.py: variant 'base' uses its value_reason")
     p.add_argument("--baseline-transforms", type=Path, help="another transforms.py for the 'fixed' variant")
     p.add_argument("--jfr", type=Path, help="record a Java Flight Recorder profile of the driver JVM into this file")
     args = p.parse_args(argv)
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
     from benchmarks.workload import Generator, choose_kind
     from kdq.rules import load_rules
     from kdq.spark import transforms
-    from kdq.spark.rule_compiler import parse_value, value_reason
+    from kdq.spark.classifier import classifier
     from kdq.spark.session import build_session
 
     work = Path(tempfile.mkdtemp(prefix="kdq-micro-"))
@@ -47,18 +48,18 @@ def main(argv=None) -> int:
     schema = json.loads((PROJECT / "config" / "rules" / "orders.schema.json").read_text())
     (rules_dir / "orders.schema.json").write_text(json.dumps(schema))
     (rules_dir / "topics.toml").write_text("[[topic]]\nmatch = 're:bench-.*'\nschema = \"orders.schema.json\"\n")
-    no_items = json.loads(json.dumps(schema))
-    no_items["properties"]["lines"].pop("items")
-    (work / "r2").mkdir()
-    (work / "r2" / "orders.schema.json").write_text(json.dumps(no_items))
-    (work / "r2" / "topics.toml").write_text("[[topic]]\nmatch = 're:bench-.*'\nschema = \"orders.schema.json\"\n")
+    (work / "r1000").mkdir()
+    for i in range(996):
+        (work / "r1000" / f"other-{i:04d}.schema.json").write_text(json.dumps({**schema, "title": f"other {i}"}))
+    for i in range(4):
+        (work / "r1000" / f"bench-s-{i}.schema.json").write_text(json.dumps({**schema, "title": f"bench {i}"}))
     conf = {}
     if args.jfr:
         conf["spark.driver.extraJavaOptions"] = f"-XX:StartFlightRecording=filename={args.jfr},settings=profile,dumponexit=true"
     config = make_config(work / "data", rules_dir, spark={"conf": conf})
     spark = build_session(config, app_name="kdq-micro")
     rules = load_rules(rules_dir)
-    rules_no_items = load_rules(work / "r2")
+    rules_1000 = load_rules(work / "r1000")
 
     import random
 
@@ -81,23 +82,10 @@ def main(argv=None) -> int:
     def variant(name: str):
         if name == "scan":
             return df.select(F.length("value").alias("n"))
-        if name == "parse":
-            return df.select(parse_value(F.col("value")).isNull().alias("bad"))
-        if name == "reason":
-            parsed = df.select("*", parse_value(F.col("value")).alias("__p"))
-            return parsed.select(value_reason(F.col("topic"), F.col("value"), F.col("__p"), rules, stream.max_value_bytes).alias("r"))
-        if name == "base":
-            import importlib.util
-
-            spec = importlib.util.spec_from_file_location("rc_base", args.baseline)
-            base = importlib.util.module_from_spec(spec)
-            sys.modules["rc_base"] = base
-            spec.loader.exec_module(base)
-            parsed = df.select("*", base.parse_value(F.col("value")).alias("__p"))
-            return parsed.select(base.value_reason(F.col("topic"), F.col("value"), F.col("__p"), rules, stream.max_value_bytes).alias("r"))
-        if name == "reason_no_items":
-            parsed = df.select("*", parse_value(F.col("value")).alias("__p"))
-            return parsed.select(value_reason(F.col("topic"), F.col("value"), F.col("__p"), rules_no_items, stream.max_value_bytes).alias("r"))
+        if name == "verdict":
+            return df.select(classifier(spark, rules, stream)(F.col("topic"), F.col("value")).alias("v"))
+        if name == "verdict_1000":
+            return df.select(classifier(spark, rules_1000, stream)(F.col("topic"), F.col("value")).alias("v"))
         if name in ("classify", "cached"):
             return transforms.mark_late(transforms.classify(df, rules, stream, ingest), {}, stream)
         if name == "aggregate":

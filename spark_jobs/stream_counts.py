@@ -37,12 +37,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run(spark, config: Config, args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
     """Run the speed layer in an existing session until it stops; returns the exit code."""
     from kdq.rules import load_rules
-    from kdq.spark.rule_compiler import describe
+    from kdq.spark.classifier import check_rules
     from kdq.spark.speed_layer import FaultInjector, ProgressRecorder, SpeedLayer
 
     rules = load_rules(config.rules_dir)
-    for line in describe(rules):
+    for line in rules.describe():
         log.info("rule %s", line)
+    # Every rule compiled in the JVM now: a broken one stops the job here, naming its file.
+    log.info("rules: %s", check_rules(spark, rules, config.stream))
     layer = SpeedLayer(spark, config, rules, faults=FaultInjector.from_env(dict(env or os.environ)))
     recorder = ProgressRecorder(layer)
     spark.streams.addListener(recorder)

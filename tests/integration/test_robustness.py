@@ -77,6 +77,39 @@ def test_poison_records_between_valid_ones_in_a_running_stream(spark, local_stac
     assert {r["t"] for r in bad} == {W0 + 500, W0 + 600}
 
 
+def test_record_whose_kafka_timestamp_spark_cannot_convert(spark, local_stack, tmp_path) -> None:
+    """A producer that stamps records with epoch nanoseconds: the broker accepts it, Spark's Kafka source
+    overflows converting it, and without the fallback every batch (all topics) would fail forever."""
+    prefix = f"kts{uuid.uuid4().hex[:6]}"
+    topic, other = f"{prefix}-events", f"{prefix}-other"
+    config = isolated_config(local_stack, tmp_path, prefix)
+    local_stack.kafka.create_topic(topic, partitions=2)
+    local_stack.kafka.create_topic(other, partitions=1)
+    ok = b'{"ok":1}'
+    produce(
+        config.kafka_bootstrap(),
+        topic,
+        [(0, ok, W0 + 1), (0, ok, 1_700_000_000_000_000_000), (0, ok, W0 + 2), (1, ok, W0 + 3), (1, b"x", W0 + 4)],
+    )
+    produce(config.kafka_bootstrap(), other, [(0, ok, W0 + 5)])
+    layer = SpeedLayer(spark, config, load_rules(config.rules_dir))
+    run_available_now(layer)
+    # The record with the absurd timestamp counts once, invalid, in the window of its ingest time.
+    counts = window_counts(spark, config, topic)
+    assert counts.pop((topic, W0, "valid")) == 3 and counts.pop((topic, W0, "invalid")) == 1
+    assert list(counts.values()) == [1] and next(iter(counts))[2] == "invalid" and next(iter(counts))[1] > W0
+    assert window_counts(spark, config, other) == {(other, W0, "valid"): 1}
+    archive = spark.read.format("delta").load(str(config.tables_dir / "raw_archive")).where(F.col("topic") == topic)
+    poisoned = archive.where(F.col("reason") == "bad_timestamp").collect()
+    assert [(r["partition"], r["offset"], r["kafka_timestamp"]) for r in poisoned] == [(0, 1, None)]
+    assert archive.count() == 5
+
+    # Later batches read through Spark's source again.
+    produce(config.kafka_bootstrap(), topic, [(1, ok, W0 + 6)])
+    run_available_now(layer)
+    assert window_counts(spark, config, topic)[(topic, W0, "valid")] == 4
+
+
 def test_transactional_producer_that_aborts_is_counted_for_its_commits_only(spark, local_stack, tmp_path) -> None:
     prefix = f"txn{uuid.uuid4().hex[:6]}"
     topic = f"{prefix}-payments"

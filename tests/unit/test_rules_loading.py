@@ -37,7 +37,7 @@ def test_convention_file_applies_to_exactly_its_topic(tmp_path: Path) -> None:
     rule = rules.rule_for("orders")
     assert rule is not None
     assert (rule.match, rule.is_pattern, rule.schema, rule.schema_file) == ("orders", False, ORDERS, path)
-    assert (rule.event_time_field, rule.event_time_format, rule.event_time_path) == (None, "auto", None)
+    assert (rule.event_time_field, rule.event_time_format, rule.event_time_segments) == (None, "auto", None)
     assert rules.rule_for("demo.payments").schema == PAYMENTS
     for other in ("orders2", "Orders", "x.orders", "demo"):
         assert rules.rule_for(other) is None
@@ -64,16 +64,16 @@ event_time_field = "ts"
     legacy = rules.rule_for("legacy.eu")
     assert legacy is not None and legacy.is_pattern and legacy.label == "re:legacy\\.(eu|us)"
     assert legacy.schema == PAYMENTS and legacy.schema_file == tmp_path / "legacy.json"
-    assert (legacy.event_time_field, legacy.event_time_path, legacy.event_time_format) == (
+    assert (legacy.event_time_field, legacy.event_time_segments, legacy.event_time_format) == (
         "meta.event_time",
-        "$.meta.event_time",
+        ["meta", "event_time"],
         "iso8601",
     )
     assert rules.rule_for("legacy.us") is legacy
     # fullmatch: neither a prefix nor a longer name matches
     assert rules.rule_for("legacy.euX") is None and rules.rule_for("xlegacy.eu") is None
     clicks = rules.rule_for("clicks")
-    assert clicks is not None and clicks.schema is None and clicks.event_time_path == "$.ts"
+    assert clicks is not None and clicks.schema is None and clicks.event_time_segments == ["ts"]
     assert clicks.event_time_format == "auto"
 
 

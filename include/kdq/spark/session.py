@@ -30,8 +30,13 @@ REQUIRED_JAR_PREFIXES = (
 )
 
 
+# kdq's own JVM functions (the record classifier), built from jvm/kdq-spark-functions by scripts/setup.sh.
+KDQ_FUNCTIONS_JAR = Path("kdq") / "kdq-spark-functions.jar"
+
+
 def connector_jars(config: Config) -> list[Path]:
-    """The cached Kafka-connector and Delta jars; a clear error when set-up has not fetched them."""
+    """The cached Kafka-connector and Delta jars and kdq's functions jar; a clear error when set-up has not
+    made them."""
     folder = config.jars_dir / "spark"
     jars = sorted(folder.glob("*.jar"))
     missing = [p for p in REQUIRED_JAR_PREFIXES if not any(j.name.startswith(p) for j in jars)]
@@ -40,7 +45,13 @@ def connector_jars(config: Config) -> list[Path]:
             f"paths.jars_dir: {folder} lacks {', '.join(m.rstrip('-') for m in missing)}; "
             "run `make setup` (scripts/setup.sh) to fetch them with Maven"
         )
-    return jars
+    functions = config.jars_dir / KDQ_FUNCTIONS_JAR
+    if not functions.is_file():
+        raise ConfigError(
+            f"paths.jars_dir: {functions} is missing; run `make setup` (scripts/setup.sh builds it from "
+            "jvm/kdq-spark-functions with Maven)"
+        )
+    return [*jars, functions]
 
 
 def spark_conf(config: Config, app_name: str) -> dict[str, str]:
@@ -81,8 +92,8 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
     }
     if config.spark.master.startswith("local"):
         conf["spark.jars"] = ",".join(str(p) for p in connector_jars(config))
-        # Python workers (pandas UDFs of fallback rules) must run in this
-        # interpreter, not whatever python3 is first on PATH.
+        # Python workers (the summaries' driver-side helpers, any pandas UDF) must
+        # run in this interpreter, not whatever python3 is first on PATH.
         conf["spark.pyspark.python"] = sys.executable
         conf["spark.pyspark.driver.python"] = sys.executable
     conf.update(config.spark.conf)

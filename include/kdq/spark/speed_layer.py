@@ -47,6 +47,7 @@ from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
 from kdq.metrics_topic import ensure_metrics_topic, metrics_producer, produce_counts
 from kdq.rules import RuleSet
 from kdq.spark import transforms
+from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
 from kdq.spark.ledger import BatchLedger
 from kdq.spark.tables import ensure_tables
 from kdq.spark.writers import (
@@ -261,10 +262,19 @@ class SpeedLayer:
         report: BatchReport | None = None
         writes: list[Future] = []
         try:
-            summary = summarize(
-                [row.asDict() for row in transforms.batch_aggregates(classified).collect()],
-                stream.reasons_window_seconds,
-            )
+            try:
+                aggregates = transforms.batch_aggregates(classified).collect()
+            except Exception as exc:
+                # One record Spark's Kafka source cannot convert would fail this batch
+                # on every replay: read the same offsets without it (kafka_fallback).
+                if not is_record_conversion_error(exc):
+                    raise
+                classified.unpersist()
+                batch = fallback_batch(self.spark, self.config, self.checkpoint, batch_id)
+                classified = transforms.mark_late(transforms.classify(batch, self.rules, stream, ingest_ms), before, stream)
+                classified = classified.persist()
+                aggregates = transforms.batch_aggregates(classified).collect()
+            summary = summarize([row.asDict() for row in aggregates], stream.reasons_window_seconds)
             report = BatchReport(
                 batch_id=batch_id,
                 input_rows=summary.input_rows,

@@ -4,9 +4,8 @@ parse → validate → event time → window → (late?) → count. Both layers 
 these same functions, so a window recomputed by the batch layer from the raw
 archive equals what the stream would have counted, by construction.
 
-Everything here is a native Spark expression (no Python UDF) except rules
-the compiler cannot translate, which fall back to a pandas UDF for their
-topics only (see :mod:`kdq.spark.rule_compiler`).
+No Python runs per record: the value is judged by one JVM function
+(:mod:`kdq.spark.classifier`), everything else is a native Spark expression.
 """
 
 from __future__ import annotations
@@ -18,13 +17,15 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from kdq.config import StreamConfig
-from kdq.rules import NO_RULE_VERSION, RuleSet, TopicRule
-from kdq.spark.rule_compiler import parse_value, select_by_topic, value_reason
+from kdq.rules import RuleSet
+from kdq.spark.classifier import classifier
 
 VALID = "valid"
 INVALID = "invalid"
 BAD_TIMESTAMP = "bad_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
+SCHEMA_PREFIX = "schema:"
+PATTERN_BUDGET_PREFIX = "pattern_budget:"
 
 # The event times a record may carry: 1970-01-01T00:00:00.000Z to
 # 9999-12-31T23:59:59.999Z in epoch millis. Outside it a value is a unit
@@ -51,47 +52,6 @@ CLASSIFIED_COLUMNS = (
 )
 
 
-def _by_topic(topic: Column, rules: RuleSet, pick, default: Column) -> Column:
-    """First-match-wins CASE over the topic column (see rule_compiler.select_by_topic), with a default."""
-    selected = select_by_topic(topic, rules, pick)
-    return default if selected is None else F.coalesce(selected, default)
-
-
-def _in_range_millis(millis: Column) -> Column:
-    """Epoch millis as a timestamp, or null outside [MIN_EVENT_MS, MAX_EVENT_MS] (never an overflow)."""
-    return F.timestamp_millis(F.when(millis.between(MIN_EVENT_MS, MAX_EVENT_MS), millis))
-
-
-def _event_time_from_field(rule: TopicRule) -> Column:
-    """The configured JSON field as a timestamp, or null when it cannot be read.
-
-    Reads the ``__parsed`` VARIANT column of :func:`classify` by name.
-    epoch_millis: a JSON number (or a string of digits); iso8601: a string
-    such as 2023-11-14T22:13:20.123Z; auto: numbers as epoch millis, strings
-    as ISO-8601 (digit-only strings as epoch millis).
-    """
-    path = rule.event_time_path
-    as_number = F.expr(f"try_variant_get(__parsed, '{path}', 'bigint')")
-    as_string = F.expr(f"try_variant_get(__parsed, '{path}', 'string')")
-    # Numbers: reject doubles silently truncated to bigint by requiring an integral JSON number.
-    is_number = F.expr(f"schema_of_variant(variant_get(__parsed, '{path}')) = 'BIGINT'")
-    millis = F.when(is_number, as_number)
-    digits = F.when(as_string.rlike(r"^-?[0-9]{1,15}$"), as_string.cast("bigint"))
-    iso = F.when(~is_number & as_string.contains("-"), F.expr(f"try_to_timestamp(try_variant_get(__parsed, '{path}', 'string'))"))
-    fmt = rule.event_time_format
-    if fmt == "epoch_millis":
-        result = _in_range_millis(F.coalesce(millis, F.when(~is_number, digits)))
-    elif fmt == "iso8601":
-        result = iso
-    else:
-        result = F.coalesce(_in_range_millis(millis), _in_range_millis(F.when(~is_number, digits)), iso)
-    # Range-checked once more as a timestamp: ISO strings may name year 0 or a
-    # year before 1970.
-    in_range = F.unix_millis(result).between(MIN_EVENT_MS, MAX_EVENT_MS)
-    result = F.when(in_range, result)
-    return result.alias("event_time_field")
-
-
 def classify(
     records: DataFrame,
     rules: RuleSet,
@@ -102,42 +62,38 @@ def classify(
 
     ``ingest_time`` is epoch millis fixed per micro-batch (recorded in the
     batch ledger, so a replayed batch is classified identically) or, for the
-    batch layer, the archived timestamp column.
+    batch layer, the archived timestamp column. The value itself is judged by
+    the JVM classifier (:mod:`kdq.spark.classifier`); what remains here is the
+    clock: which time a record counts at, and one reason per record.
     """
     ingest = ingest_time if isinstance(ingest_time, Column) else F.timestamp_millis(F.lit(int(ingest_time)))
     size_ms = stream.window_seconds * 1000
-    topic = F.col("topic")
-    # Few wide projections rather than a withColumn chain: every projection
-    # re-analyses the (large) compiled rule expressions, and that analysis,
-    # not the data, dominated small micro-batches.
-    parsed = records.select(
-        topic,
+    verdict = classifier(records.sparkSession, rules, stream)
+    checked = records.select(
+        F.col("topic"),
         F.col("partition"),
         F.col("offset"),
         F.col("timestamp").alias("kafka_timestamp"),
         F.col("key"),
         F.col("value"),
         ingest.alias("ingest_time"),
-        parse_value(F.col("value")).alias("__parsed"),
+        verdict(F.col("topic"), F.col("value")).alias("__v"),
     )
-    no_time = F.lit(None).cast("timestamp")
-    field_time = _by_topic(topic, rules, lambda r: _event_time_from_field(r) if r.event_time_field else None, no_time)
-    has_field_rule = _by_topic(topic, rules, lambda r: F.lit(bool(r.event_time_field)), F.lit(False))
-    checked = parsed.select(
-        "*",
-        field_time.alias("__field_time"),
-        has_field_rule.alias("__has_field_rule"),
-        value_reason(topic, F.col("value"), F.col("__parsed"), rules, stream.max_value_bytes).alias("__value_problem"),
-    )
-    bad_ts = (F.col("__has_field_rule") & F.col("__field_time").isNull()) | F.col("kafka_timestamp").isNull()
-    event_time = F.when(bad_ts, F.col("kafka_timestamp")).otherwise(F.coalesce(F.col("__field_time"), F.col("kafka_timestamp")))
+    # A Kafka timestamp outside 1970..9999 (or none) is no clock to count by: such a
+    # record is bad_timestamp in the window of its ingest time.
+    kafka_time_ok = F.coalesce(F.unix_millis("kafka_timestamp").between(MIN_EVENT_MS, MAX_EVENT_MS), F.lit(False))
+    bad_ts = F.col("__v.event_time_bad") | ~kafka_time_ok
+    fallback_time = F.when(kafka_time_ok, F.col("kafka_timestamp")).otherwise(F.col("ingest_time"))
+    field_time = F.timestamp_millis(F.col("__v.event_ms"))
+    event_time = F.when(bad_ts, fallback_time).otherwise(F.coalesce(field_time, F.col("kafka_timestamp")))
     future = event_time > F.col("ingest_time") + F.expr(f"INTERVAL {stream.future_margin_seconds} SECONDS")
-    problem = F.col("__value_problem")
+    problem = F.col("__v.problem")
     # One reason per record, so reason counts add up to the invalid count.
     # Priority: what is wrong with the bytes (too_large, not_utf8, not_json, ...)
-    # first; then the clock, because it decides the window; then the schema.
+    # first; then the clock, because it decides the window; then the rule.
+    judged_by_rule = problem.startswith(SCHEMA_PREFIX) | problem.startswith(PATTERN_BUDGET_PREFIX)
     reason = (
-        F.when(problem.isNotNull() & ~problem.startswith("schema:"), problem)
+        F.when(problem.isNotNull() & ~judged_by_rule, problem)
         .when(bad_ts, F.lit(BAD_TIMESTAMP))
         .when(future, F.lit(FUTURE_TIMESTAMP))
         .otherwise(problem)
@@ -146,13 +102,13 @@ def classify(
         *[c for c in ("topic", "partition", "offset", "kafka_timestamp", "key", "value", "ingest_time")],
         event_time.alias("event_time"),
         reason.alias("reason"),
+        F.col("__v.rules_version").alias("rules_version"),
     )
     # A record from a clock far in the future counts in the window of its ingest
     # time: counting it in its own (future) window would publish numbers for a
     # second that has not happened yet.
     counted_time = F.when(F.col("reason") == FUTURE_TIMESTAMP, F.col("ingest_time")).otherwise(F.col("event_time"))
     window_start = F.timestamp_millis((F.floor(F.unix_millis(counted_time) / size_ms) * size_ms).cast("bigint"))
-    versions = _by_topic(topic, rules, lambda r: F.lit(r.version), F.lit(NO_RULE_VERSION))
     return timed.select(
         "topic",
         "partition",
@@ -165,7 +121,7 @@ def classify(
         "ingest_time",
         F.col("reason").isNull().alias("valid"),
         "reason",
-        versions.alias("rules_version"),
+        "rules_version",
         F.date_format(window_start, "yyyy-MM-dd-HH").alias("event_hour"),
     )
 

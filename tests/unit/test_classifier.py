@@ -1,25 +1,23 @@
-"""Rules compiled to Spark expressions, and the Python fallback, give the documented reasons.
+"""The JVM record classifier (io.kdq.spark.Classifier through kdq.spark.classifier) gives the documented reasons.
 
 All cases run in one DataFrame: one row per (topic, value), each topic's rule
-exercising one keyword. The same rows are evaluated natively and with every
-schema forced through the Python fallback; both must give the expected reasons.
+exercising one keyword, through the same Spark function both layers use. The
+official JSON-Schema-Test-Suite runs against the same class in the module's own
+tests (jvm/kdq-spark-functions, ConformanceTest) and through Spark in
+test_json_schema_suite.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from kdq.rules import RuleSet, load_rules
-
-# Python workers must run this interpreter (it has pandas and jsonschema);
-# set before the session-scoped SparkSession starts, which reads it once.
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+from kdq.config import StreamConfig
+from kdq.rules import RuleError, RuleSet, load_rules
 
 MAX_BYTES = 1000
 EXAMPLE_RULES = Path(__file__).resolve().parents[2] / "config" / "rules"
@@ -83,11 +81,11 @@ SCHEMAS: dict[str, dict] = {
             "[x]": {"type": "string"},
         }
     },
-    "fb.quotes": {"properties": {"q'\"b": {"type": "string"}}},
-    # Not compilable: these always run in the Python fallback.
-    "fb.oneof": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
-    "fb.ref": {"$defs": {"pos": {"type": "integer", "minimum": 1}}, "properties": {"n": {"$ref": "#/$defs/pos"}}},
-    "fb.mixed": {
+    "ap.quotes": {"properties": {"q'\"b": {"type": "string"}}},
+    # Keywords the retired Spark-expression compiler could not express (they went to a Python fallback).
+    "ap.oneof": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+    "ap.ref": {"$defs": {"pos": {"type": "integer", "minimum": 1}}, "properties": {"n": {"$ref": "#/$defs/pos"}}},
+    "ap.mixed": {
         "type": "object",
         "properties": {"a": {"type": "string"}},
         "anyOf": [{"required": ["x"]}, {"required": ["y"]}],
@@ -284,18 +282,18 @@ CASES: list[tuple[str, bytes | None, str | None]] = [
         json.dumps({**ORDER, "lines": [{"sku": "a", "qty": 1.5}]}).encode(),
         "schema:/properties/lines/items/properties/qty/type",
     ),
-    # non-compilable rules: Python fallback, same reason format
-    ("fb.oneof", b'"a"', None),
-    ("fb.oneof", b"3", None),
-    ("fb.oneof", b"1.5", "schema:/oneOf"),
-    ("fb.oneof", b"\xff", "not_utf8"),
-    ("fb.oneof", b"{", "not_json"),
-    ("fb.ref", b'{"n":1}', None),
-    ("fb.ref", b'{"n":0}', "schema:/properties/n/$ref/minimum"),
-    ("fb.mixed", b'{"a":1}', "schema:/properties/a/type"),
-    ("fb.mixed", b'{"a":"s"}', "schema:/anyOf"),
-    ("fb.mixed", b'{"a":"s","y":1}', None),
-    ("fb.quotes", b'{"q\'\\"b":1}', "schema:/properties/q'\"b/type"),
+    # applicators and references, same reason format
+    ("ap.oneof", b'"a"', None),
+    ("ap.oneof", b"3", None),
+    ("ap.oneof", b"1.5", "schema:/oneOf"),
+    ("ap.oneof", b"\xff", "not_utf8"),
+    ("ap.oneof", b"{", "not_json"),
+    ("ap.ref", b'{"n":1}', None),
+    ("ap.ref", b'{"n":0}', "schema:/properties/n/$ref/minimum"),
+    ("ap.mixed", b'{"a":1}', "schema:/properties/a/type"),
+    ("ap.mixed", b'{"a":"s"}', "schema:/anyOf"),
+    ("ap.mixed", b'{"a":"s","y":1}', None),
+    ("ap.quotes", b'{"q\'\\"b":1}', "schema:/properties/q'\"b/type"),
 ]
 
 
@@ -310,134 +308,137 @@ def ruleset(tmp_path_factory: pytest.TempPathFactory) -> RuleSet:
     return load_rules(folder)
 
 
-@pytest.fixture(scope="module")
-def reasons(spark, ruleset: RuleSet) -> dict[bool, list[str | None]]:
-    """Reasons for every case, natively (False) and with every schema forced to the fallback (True)."""
+def verdicts(spark, rules: RuleSet, records: list[tuple[str, bytes | None]], max_bytes: int = MAX_BYTES) -> list:
+    """(topic, value) → the classifier's struct per record, in input order."""
     from pyspark.sql import functions as F
 
-    from kdq.spark.rule_compiler import parse_value, value_reason
+    from kdq.spark.classifier import classifier
 
-    rows = [(i, topic, value) for i, (topic, value, _) in enumerate(CASES)]
+    rows = [(i, topic, value) for i, (topic, value) in enumerate(records)]
     df = spark.createDataFrame(rows, "id int, topic string, value binary")
-    # Parsed once into a column, as the jobs do; every check reads that column.
-    df = df.withColumn("parsed", parse_value(F.col("value"), MAX_BYTES))
-    args = (F.col("topic"), F.col("value"), F.col("parsed"), ruleset, MAX_BYTES)
-    native = value_reason(*args)
-    forced = value_reason(*args, force_fallback=True)
-    out = {r.id: r for r in df.select("id", native.alias("native"), forced.alias("forced")).collect()}
-    return {False: [out[i].native for i in range(len(CASES))], True: [out[i].forced for i in range(len(CASES))]}
+    verdict = classifier(spark, rules, StreamConfig(max_value_bytes=max_bytes))
+    out = {r.id: r.v for r in df.select("id", verdict(F.col("topic"), F.col("value")).alias("v")).collect()}
+    return [out[i] for i in range(len(records))]
 
 
-def _mismatches(got: list[str | None]) -> list[str]:
-    return [
-        f"{topic} {value!r}: expected {expected!r}, got {actual!r}"
-        for (topic, value, expected), actual in zip(CASES, got, strict=True)
-        if expected != actual
+def test_reasons(spark, ruleset: RuleSet) -> None:
+    got = verdicts(spark, ruleset, [(topic, value) for topic, value, _ in CASES])
+    mismatches = [
+        f"{topic} {value!r}: expected {expected!r}, got {v.problem!r}"
+        for (topic, value, expected), v in zip(CASES, got, strict=True)
+        if expected != v.problem
+    ]
+    assert mismatches == [], "\n".join(mismatches)
+    versions = {topic: v.rules_version for (topic, _, _), v in zip(CASES, got, strict=True)}
+    assert versions["none.topic"] == "none" and versions["orders"] == ruleset.version_for("orders")
+
+
+def _folder(tmp_path: Path, files: dict[str, object], toml: str = "") -> RuleSet:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    if toml:
+        (tmp_path / "topics.toml").write_text(toml)
+    return load_rules(tmp_path)
+
+
+def test_event_time_field_names_are_taken_literally(spark, tmp_path) -> None:
+    """Segments such as @timestamp, event-time or names with both quote characters need no path syntax."""
+    rules = _folder(
+        tmp_path,
+        {},
+        """
+[[topic]]
+match = "at"
+event_time_field = "@timestamp"
+
+[[topic]]
+match = "dash"
+event_time_field = "meta.event-time"
+event_time_format = "iso8601"
+
+[[topic]]
+match = "quotes"
+event_time_field = "it's \\"q\\""
+""",
+    )
+    got = verdicts(
+        spark,
+        rules,
+        [
+            ("at", b'{"@timestamp": 1700000000123}'),
+            ("dash", b'{"meta": {"event-time": "2023-11-14T22:13:20.123Z"}}'),
+            ("quotes", b'{"it\'s \\"q\\"": "1700000000123"}'),
+            ("at", b'{"timestamp": 1700000000123}'),
+        ],
+    )
+    assert [(v.event_ms, v.event_time_bad) for v in got] == [
+        (1700000000123, False),
+        (1700000000123, False),
+        (1700000000123, False),
+        (None, True),
     ]
 
 
-def test_native_reasons(reasons: dict[bool, list[str | None]]) -> None:
-    assert _mismatches(reasons[False]) == []
-
-
-def test_items_read_only_members_when_enough(ruleset: RuleSet) -> None:
-    """An item schema on members only (orders' lines) casts the members once: no per-element variant, no zip."""
-    from pyspark.sql import functions as F
-
-    from kdq.spark.rule_compiler import value_reason
-
-    orders = RuleSet(rules=tuple(r for r in ruleset.rules if r.match == "orders"))
-    text = str(value_reason(F.col("topic"), F.col("value"), F.col("parsed"), orders, MAX_BYTES))
-    assert "transform(" in text and "arrays_zip" not in text
-
-
-def test_fallback_gives_identical_reasons(reasons: dict[bool, list[str | None]]) -> None:
-    assert _mismatches(reasons[True]) == []
-    assert reasons[True] == reasons[False]
-
-
-def test_describe_names_the_fallback_topics(ruleset: RuleSet) -> None:
-    from kdq.spark.rule_compiler import describe
-
-    lines = describe(ruleset)
-    assert "orders: compiled (native Spark)" in lines
-    assert "kw.items.nested: compiled (native Spark)" in lines
-    assert "kw.draft4: compiled (native Spark)" in lines
-    assert "fb.oneof: Python fallback (oneOf at /oneOf)" in lines
-    assert "fb.ref: Python fallback ($ref at /properties/n/$ref)" in lines
-    assert "fb.mixed: Python fallback (anyOf at /anyOf)" in lines
-    assert "pat.free: no schema (valid iff UTF-8 JSON)" in lines
-    assert "re:pat\\..*: compiled (native Spark)" in lines
-    assert lines[-1] == "other topics: no rule (valid iff UTF-8 JSON)"
-    assert all("fallback (forced)" in line for line in describe(ruleset, force_fallback=True) if "kw." in line)
+def test_ref_to_another_file_of_the_rules_folder(spark, tmp_path) -> None:
+    rules = _folder(
+        tmp_path,
+        {
+            "common.json": {"$defs": {"id": {"type": "string", "minLength": 2}}},
+            "users.schema.json": {"properties": {"id": {"$ref": "common.json#/$defs/id"}}},
+        },
+    )
+    got = verdicts(spark, rules, [("users", b'{"id": "ab"}'), ("users", b'{"id": "a"}')])
+    assert [v.problem for v in got] == [None, "schema:/properties/id/$ref/minLength"]
 
 
 @pytest.mark.parametrize(
-    ("schema", "why"),
+    ("schema", "problem"),
     [
-        ({"type": "integer", "$schema": "http://json-schema.org/draft-04/schema#"}, "draft-04 integer at /type"),
-        ({"enum": [{"a": 1}]}, "enum with object/array values at /enum"),
-        ({"properties": {"x": {"format": "email"}}}, "format at /properties/x/format"),
-        ({"patternProperties": {"^a": {}}}, "patternProperties at /patternProperties"),
-        ({"items": {"multipleOf": 2}}, "multipleOf at /items/multipleOf"),
-        ({"dependentRequired": {"a": ["b"]}}, "dependentRequired at /dependentRequired"),
-        ({"pattern": "(?P<x>a)"}, "pattern not valid in Java at /pattern: Python-only named group syntax (?P...)"),
-        ({"properties": {"a'\"b": {}}}, "property name 'a\\'\"b' has both quote characters at /properties/a'\"b"),
-        ({"required": ["a'\"b"]}, "property name 'a\\'\"b' has both quote characters at /required/0"),
+        ({"properties": {"a": {"$ref": "missing.json"}}}, "missing.json"),
+        ({"$ref": "https://example.com/remote.json"}, "https://example.com/remote.json"),
+        ({"$dynamicRef": "#nowhere-remote", "$ref": "http://localhost:1234/draft2020-12/tree.json"}, "localhost:1234"),
+        ({"pattern": "a{"}, "regex 'a{' does not compile in Java"),
     ],
 )
-def test_what_falls_back(schema: dict, why: str) -> None:
-    from kdq.rules import TopicRule
-    from kdq.spark.rule_compiler import plan_rule
+def test_a_broken_rule_fails_at_start_naming_the_file(spark, tmp_path, schema: dict, problem: str) -> None:
+    from kdq.spark.classifier import check_rules
 
-    plan = plan_rule(TopicRule("t", False, schema, None, None, "auto", "v"))
-    assert not plan.native
-    assert plan.fallback_reason == why
-
-
-def test_regex_that_only_java_rejects(spark) -> None:
-    """With a session at hand, patterns are also checked by Java's regex engine (what RLIKE runs)."""
-    from pyspark.sql import functions as F
-
-    from kdq.rules import RuleError, TopicRule
-    from kdq.spark.rule_compiler import plan_rule, topic_matches
-
-    plan = plan_rule(TopicRule("t", False, {"pattern": "a{"}, None, None, "auto", "v"))
-    assert not plan.native and plan.fallback_reason.startswith("pattern not valid in Java at /pattern: ")
-    with pytest.raises(RuleError, match=r"topic pattern 're:a\{' is not a valid Java regex"):
-        topic_matches(F.col("topic"), TopicRule("a{", True, None, None, None, "auto", "v"))
+    rules = _folder(tmp_path, {"broken.schema.json": schema})
+    with pytest.raises(RuleError, match="broken.schema.json") as caught:
+        check_rules(spark, rules, StreamConfig())
+    assert problem in str(caught.value)
 
 
-def test_parse_value_is_shared_with_event_time(spark, ruleset: RuleSet) -> None:
-    """The parsed VARIANT also serves the event-time field, selected per topic like the rule."""
-    from pyspark.sql import functions as F
+def test_a_bad_topic_pattern_fails_at_start(spark, tmp_path) -> None:
+    from kdq.spark.classifier import check_rules
 
-    from kdq.spark.rule_compiler import parse_value, select_by_topic
+    # Python's re accepts (?<x>…) only since 3.11 in another spelling; Java refuses this one outright.
+    rules = _folder(tmp_path, {}, "[[topic]]\nmatch = 're:(?P<x>a)'\n")
+    with pytest.raises(RuleError, match=r"re:\(\?P<x>a\)"):
+        check_rules(spark, rules, StreamConfig())
 
-    df = spark.createDataFrame(
-        [("evt", b'{"meta":{"event_time":1700000000123}}'), ("evt", b"x" * 50), ("kw.minimum", b"5")],
-        "topic string, value binary",
-    )
-    parsed = parse_value(F.col("value"), max_value_bytes=10)
-    event_time = select_by_topic(
-        F.col("topic"),
-        ruleset,
-        lambda rule: F.try_variant_get(parsed, rule.event_time_path, "bigint") if rule.event_time_field else None,
-    )
-    got = [tuple(r) for r in df.select(parsed.isNull(), event_time).collect()]
-    # the 50-byte value is over max_value_bytes=10: not parsed at all; the first is 38 bytes too
-    assert got == [(True, None), (True, None), (False, None)]
-    parsed_all = parse_value(F.col("value"))
-    got = [
-        r[0]
-        for r in df.select(
-            select_by_topic(
-                F.col("topic"),
-                ruleset,
-                lambda rule: (
-                    F.try_variant_get(parsed_all, rule.event_time_path, "bigint") if rule.event_time_field else None
-                ),
-            )
-        ).collect()
+
+def test_catastrophic_pattern_gets_a_verdict_quickly(spark, tmp_path) -> None:
+    # Exponential backtracking in java.util.regex (JDK 17 already runs ^(a+)+$ in linear time).
+    rules = _folder(tmp_path, {"redos.schema.json": {"properties": {"s": {"pattern": "^(.*a){20}$"}}}})
+    evil = json.dumps({"s": "a" * 64 + "b"}).encode()
+    started = time.monotonic()
+    got = verdicts(spark, rules, [("redos", evil), ("redos", b'{"s": "aaa"}'), ("redos", b'{"s": "aab"}')])
+    # A deadline for the test, not a performance target: 2^64 steps would never finish.
+    assert time.monotonic() - started < 120
+    assert [v.problem for v in got] == [
+        "pattern_budget:/properties/s/pattern",
+        "schema:/properties/s/pattern",
+        "schema:/properties/s/pattern",
     ]
-    assert got == [1700000000123, None, None]
+
+
+def test_rule_lookup_with_a_thousand_topics(spark, tmp_path) -> None:
+    schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer", "maximum": 10}}}
+    rules = _folder(tmp_path, {f"t{i:04d}.schema.json": {**schema, "title": f"t{i}"} for i in range(1000)})
+    records = [(f"t{i:04d}", json.dumps({"n": i % 20}).encode()) for i in range(0, 1000, 7)] + [("other", b"{}")]
+    got = verdicts(spark, rules, records)
+    expected = [None if i % 20 <= 10 else "schema:/properties/n/maximum" for i in range(0, 1000, 7)] + [None]
+    assert [v.problem for v in got] == expected
+    assert got[0].rules_version == rules.version_for("t0000") and got[-1].rules_version == "none"
