@@ -139,6 +139,9 @@ class RuleSet:
     version: str = NO_RULE_VERSION
     # The folder the rules came from: its other JSON files are what a $ref may name.
     folder: Path | None = None
+    # [remotes] of topics.toml: (URI prefix, subfolder) — the subfolder's files are also known by
+    # prefix + their path in it, so a $ref to a remote URI resolves to a local copy.
+    remotes: tuple[tuple[str, Path], ...] = ()
 
     def rule_for(self, topic: str) -> TopicRule | None:
         for rule in self.rules:
@@ -169,9 +172,9 @@ def _json_pointer(parts: Any) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def load_schema(path: Path) -> dict:
+def load_schema(path: Path) -> dict | bool:
     """Read and check one JSON Schema file; :class:`RuleError` naming the file on any problem."""
-    from jsonschema import SchemaError
+    from jsonschema import FormatChecker, SchemaError
     from jsonschema.validators import Draft202012Validator, validator_for
 
     try:
@@ -186,11 +189,17 @@ def load_schema(path: Path) -> dict:
         schema = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RuleError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    if isinstance(schema, bool):
+        return schema  # true: everything passes; false: nothing does
     if not isinstance(schema, dict):
-        raise RuleError(f"{path}: a rule must be a JSON object (a JSON Schema), got {type(schema).__name__}")
+        raise RuleError(f"{path}: a rule must be a JSON Schema (an object or true/false), got {type(schema).__name__}")
     cls = validator_for(schema, default=Draft202012Validator)
+    # Formats of the metaschema checked, except "regex": patterns are ECMA-262 regexes
+    # that the JVM classifier compiles (and refuses at start, naming the file); Python's
+    # re is another dialect and would refuse valid ones.
+    formats = FormatChecker(formats=[name for name in cls.FORMAT_CHECKER.checkers if name != "regex"])
     try:
-        cls.check_schema(schema)
+        cls.check_schema(schema, format_checker=formats)
     except SchemaError as exc:
         where = _json_pointer(exc.path) or "/"
         raise RuleError(f"{path}: not a valid JSON Schema at {where}: {exc.message}") from None
@@ -208,6 +217,21 @@ def _check_field(toml: Path, name: str, field: Any) -> str:
             f"{toml}: {name}: event_time_field must be a dotted path such as 'ts' or 'meta.ts', got {field!r}"
         )
     return field
+
+
+def _remotes(toml: Path, rules_dir: Path, table: Any) -> tuple[tuple[str, Path], ...]:
+    """``[remotes]``: ``"https://schemas.example.com/" = "mirror/"`` — local copies of remote schemas."""
+    if not isinstance(table, dict):
+        raise RuleError(f"{toml}: [remotes] must be a table of \"<URI prefix>\" = \"<subfolder>\"")
+    remotes = []
+    for prefix, folder in table.items():
+        if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", prefix) or not prefix.endswith("/"):
+            raise RuleError(f"{toml}: [remotes]: {prefix!r} must be an absolute URI ending with '/', e.g. 'https://schemas.example.com/'")
+        path = (rules_dir / folder).resolve() if isinstance(folder, str) else None
+        if path is None or not path.is_dir() or not path.is_relative_to(rules_dir.resolve()):
+            raise RuleError(f"{toml}: [remotes]: {prefix!r} = {folder!r} must name a subfolder of {rules_dir}")
+        remotes.append((prefix, path))
+    return tuple(remotes)
 
 
 def load_rules(rules_dir: Path) -> RuleSet:
@@ -234,6 +258,7 @@ def load_rules(rules_dir: Path) -> RuleSet:
         convention[path.name[: -len(SCHEMA_SUFFIX)]] = path
 
     explicit: list[TopicRule] = []
+    remotes: tuple[tuple[str, Path], ...] = ()
     toml = rules_dir / TOPICS_FILE
     if toml.exists():
         try:
@@ -243,8 +268,11 @@ def load_rules(rules_dir: Path) -> RuleSet:
         except UnicodeDecodeError as exc:
             raise RuleError(f"{toml}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         for key in data:
-            if key != "topic":
-                raise RuleError(f"{toml}: unknown top-level key {key!r}; rules are [[topic]] entries")
+            if key not in ("topic", "remotes"):
+                raise RuleError(
+                    f"{toml}: unknown top-level key {key!r}; rules are [[topic]] entries (and one [remotes] table)"
+                )
+        remotes = _remotes(toml, rules_dir, data.get("remotes", {}))
         entries = data.get("topic", [])
         if not isinstance(entries, list):
             raise RuleError(f"{toml}: 'topic' must be an array of tables ([[topic]])")
@@ -333,4 +361,4 @@ def load_rules(rules_dir: Path) -> RuleSet:
                 version=rule_version(schema, None, "auto"),
             )
         )
-    return RuleSet(tuple(rules), _short_hash([[r.label, r.version] for r in rules]), rules_dir.resolve())
+    return RuleSet(tuple(rules), _short_hash([[r.label, r.version] for r in rules]), rules_dir.resolve(), remotes)

@@ -213,14 +213,15 @@ def test_broken_topics_toml_names_the_file_and_the_problem(tmp_path: Path, toml:
 
 BROKEN_SCHEMAS = [
     ('{\n  "type": "object",\n  "required": ["a"\n}', r"not valid JSON: .* at line 4, column 1"),
-    ("[1, 2]", r"a rule must be a JSON object"),
+    ("[1, 2]", r"a rule must be a JSON Schema \(an object or true/false\), got list"),
     ('{"type": "strng"}', r"not a valid JSON Schema at /type: "),
     (
         '{"properties": {"amount": {"minimum": "0"}}}',
         r"not a valid JSON Schema at /properties/amount/minimum: '0' is not of type 'number'",
     ),
     ('{"required": "order_id"}', r"not a valid JSON Schema at /required: "),
-    ('{"pattern": "(unclosed"}', r"not a valid JSON Schema at /pattern: "),
+    # A pattern is an ECMA-262 regex: the JVM classifier compiles it and refuses a bad one at start
+    # (test_classifier.py::test_a_broken_rule_fails_at_start_naming_the_file), not Python's re.
 ]
 
 
@@ -252,3 +253,33 @@ def test_rules_module_imports_neither_spark_nor_airflow() -> None:
     code = "import sys, kdq.rules; print(any(m.split('.')[0] in ('pyspark', 'airflow') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_boolean_schemas_are_rules(tmp_path: Path) -> None:
+    write(tmp_path, "open.schema.json", "true")
+    write(tmp_path, "closed.schema.json", "false")
+    rules = load_rules(tmp_path)
+    assert rules.rule_for("open").schema is True and rules.rule_for("closed").schema is False
+    assert rules.version_for("open") != rules.version_for("closed")
+
+
+def test_remotes_map_a_uri_prefix_to_a_subfolder(tmp_path: Path) -> None:
+    (tmp_path / "mirror").mkdir()
+    write(tmp_path, "topics.toml", '[remotes]\n"https://schemas.example.com/" = "mirror/"\n')
+    assert load_rules(tmp_path).remotes == (("https://schemas.example.com/", (tmp_path / "mirror").resolve()),)
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('"schemas.example.com/" = "mirror/"', r"must be an absolute URI ending with '/'"),
+        ('"https://schemas.example.com" = "mirror/"', r"must be an absolute URI ending with '/'"),
+        ('"https://schemas.example.com/" = "absent/"', r"must name a subfolder of"),
+        ('"https://schemas.example.com/" = "../"', r"must name a subfolder of"),
+    ],
+)
+def test_broken_remotes_name_the_problem(tmp_path: Path, table: str, message: str) -> None:
+    (tmp_path / "mirror").mkdir()
+    write(tmp_path, "topics.toml", f"[remotes]\n{table}\n")
+    with pytest.raises(RuleError, match=message):
+        load_rules(tmp_path)

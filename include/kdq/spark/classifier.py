@@ -51,9 +51,11 @@ def _base_uri(folder: Path | None, path: Path | None) -> str | None:
     return RULES_BASE_URI + relative.as_posix()
 
 
-def _resources(folder: Path | None) -> dict[str, Any]:
-    """Every JSON document of the rules folder, by its base URI and by its absolute ``$id``."""
+def _resources(rules: RuleSet) -> dict[str, Any]:
+    """Every JSON document of the rules folder, by its base URI, by its absolute ``$id``, and by its remote
+    URI where ``[remotes]`` maps a URI prefix to its subfolder."""
     resources: dict[str, Any] = {}
+    folder = rules.folder
     if folder is None or not folder.is_dir():
         return resources
     for path in sorted(folder.rglob("*.json")):
@@ -62,9 +64,12 @@ def _resources(folder: Path | None) -> dict[str, Any]:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise RuleError(f"{path}: a JSON file of the rules folder cannot be read as JSON: {exc}") from None
         resources[_base_uri(folder, path)] = document
+        for prefix, subfolder in rules.remotes:
+            if path.resolve().is_relative_to(subfolder):
+                resources[prefix + path.resolve().relative_to(subfolder).as_posix()] = document
         identifier = document.get("$id") if isinstance(document, dict) else None
         if isinstance(identifier, str) and "://" in identifier:
-            resources[identifier.split("#")[0]] = document
+            resources.setdefault(identifier.split("#")[0], document)
     return resources
 
 
@@ -89,7 +94,7 @@ def classifier_config(rules: RuleSet, stream: StreamConfig) -> str:
         "max_nesting_depth": MAX_NESTING_DEPTH,
         "assert_format": True,
         "rules": [_rule(r, rules.folder) for r in rules.rules],
-        "resources": _resources(rules.folder),
+        "resources": _resources(rules),
     }
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False, sort_keys=False)
 
