@@ -67,6 +67,12 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--late", type=float, default=0.01, help="fraction shifted back beyond the allowed lateness")
     p.add_argument("--event-rate", type=int, default=50_000, help="msgs/s of event time the backlog spans")
     p.add_argument("--schema", choices=("on", "off", "both"), default="on", help="orders JSON Schema rule on the topics")
+    p.add_argument(
+        "--rule-variants", default="refs,many",
+        help="extra catch-up runs (no latency phase) with other rule sets, comma-separated: refs (the orders rule "
+        "written with $ref + oneOf + format, benchmarks/rules/orders_refs.schema.json), many (1,000 topic rules, "
+        "each topic its own copy of the orders schema); empty for none",
+    )
     p.add_argument("--producers", type=int, default=2, help="producer processes for the backlog")
     p.add_argument("--baseline-processes", default="1,2", help="process counts for the baselines")
     p.add_argument(
@@ -101,6 +107,10 @@ def parse_args(argv) -> argparse.Namespace:
     args.baseline_processes = [int(x) for x in args.baseline_processes.split(",") if x]
     args.latency_rate = sorted(int(float(x)) for x in str(args.latency_rate).split(",") if x)
     args.phases = set(args.phases.split(","))
+    args.rule_variants = [v for v in args.rule_variants.split(",") if v]
+    for v in args.rule_variants:
+        if v not in RULE_VARIANTS:
+            p.error(f"--rule-variants: unknown variant {v!r}; expected some of {', '.join(RULE_VARIANTS)}")
     return args
 
 
@@ -117,11 +127,30 @@ def make_config(data_dir: Path, rules_dir: Path, **sections: dict) -> Config:
     return load_config(path=base, env={}, overrides=overrides)
 
 
-def write_rules(folder: Path, schema: bool) -> Path:
+# Rule sets of the speed-layer runs: label of the run's topics, rule file, title.
+RULE_VARIANTS = {
+    "orders": ("s", PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE, "the `orders` JSON Schema rule"),
+    "refs": ("r", PROJECT / "benchmarks" / "rules" / "orders_refs.schema.json", "the orders rule written with `$ref` + `oneOf` + `format`"),
+    "many": ("m", PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE, "1,000 topic rules, each topic its own schema"),
+}
+MANY_RULES = 1000
+
+
+def write_rules(folder: Path, schema: bool, rule: str = "orders", topics: list[str] = ()) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    if schema:
-        shutil.copy(PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE, folder / workload.ORDERS_SCHEMA_FILE)
-        (folder / "topics.toml").write_text(f"[[topic]]\nmatch = 're:bench-.*'\nschema = \"{workload.ORDERS_SCHEMA_FILE}\"\n")
+    if not schema:
+        return folder
+    source = RULE_VARIANTS[rule][1]
+    if rule == "many":
+        # One rule per topic (convention files), each a distinct schema (its own title), so the
+        # classifier compiles and looks up 1,000 rules; the workload's topics are among them.
+        base = json.loads(source.read_text())
+        names = list(topics) + [f"bench-other-{i:04d}" for i in range(MANY_RULES - len(topics))]
+        for name in names:
+            (folder / f"{name}.schema.json").write_text(json.dumps({**base, "title": f"orders of {name}"}))
+        return folder
+    shutil.copy(source, folder / source.name)
+    (folder / "topics.toml").write_text(f"[[topic]]\nmatch = 're:bench-.*'\nschema = \"{source.name}\"\n")
     return folder
 
 
@@ -196,7 +225,9 @@ class Cpu:
         }
 
 
-def speed_phase(args, work: Path, stack, label: str, schema: bool, latency: bool, own: ProcessSampler) -> dict:
+def speed_phase(
+    args, work: Path, stack, label: str, schema: bool, latency: bool, own: ProcessSampler, rule: str = "orders"
+) -> dict:
     """Backlog → baselines → stream catch-up (→ fixed-rate latency) for one topic set; the stream is stopped at the end."""
     w = workload.Workload(
         messages=args.messages,
@@ -214,7 +245,7 @@ def speed_phase(args, work: Path, stack, label: str, schema: bool, latency: bool
     lat_topics = {r: [f"bench-{label}-lat{r}-{i}" for i in range(args.topics)] for r in args.latency_rate} if latency else {}
     for t in topics + [t for ts in lat_topics.values() for t in ts]:
         stack.kafka.create_topic(t, partitions=args.partitions)
-    result: dict = {"label": label, "schema": schema, "workload": w.describe()}
+    result: dict = {"label": label, "schema": schema, "rule": rule if schema else None, "workload": w.describe()}
 
     log.info("[%s] producing %d messages into %d topics x %d partitions", label, w.messages, w.topics, w.partitions)
     produced = workload.produce_backlog(bootstrap, topics, w, workers=args.producers)
@@ -224,7 +255,7 @@ def speed_phase(args, work: Path, stack, label: str, schema: bool, latency: bool
     result["produce"] = {"seconds": round(produced["seconds"], 1), "msgs_per_s": round(w.messages / produced["seconds"]), "expected": expected}
     log.info("[%s] produced in %.1f s (%s), verified complete", label, produced["seconds"], expected)
 
-    schema_path = str(PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE) if schema else None
+    schema_path = str(RULE_VARIANTS[rule][1]) if schema else None
     result["baselines"] = []
     for kind in ("raw", "plain"):
         for n in args.baseline_processes:
@@ -250,7 +281,7 @@ def speed_phase(args, work: Path, stack, label: str, schema: bool, latency: bool
         kafka["client"] = dict(kv.split("=", 1) for kv in args.kafka_client)
     config = make_config(
         data / "data",
-        write_rules(data / "rules", schema),
+        write_rules(data / "rules", schema, rule, topics),
         kafka=kafka,
         spark=overrides_spark,
         influxdb={"url": stack.influx.url},
@@ -430,6 +461,9 @@ def main(argv=None) -> int:
             for i, schema in enumerate(variants):
                 label = "s" if schema else "n"
                 result["runs"].append(speed_phase(args, work, stack, label, schema, "latency" in args.phases and i == 0, own))
+            for rule in args.rule_variants:
+                label = RULE_VARIANTS[rule][0]
+                result["runs"].append(speed_phase(args, work, stack, label, True, False, own, rule=rule))
         from kdq.spark.session import build_session
 
         if result["runs"] or "batch" in args.phases:
