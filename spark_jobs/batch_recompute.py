@@ -31,12 +31,20 @@ from kdq.jobs import interval_parser, parse_interval_args, run_main
 log = logging.getLogger("kdq.batch")
 
 
+class StreamBehind(RuntimeError):
+    """The interval cannot be recomputed yet: a micro-batch ingested before its end has not committed."""
+
+
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = interval_parser("batch_recompute", __doc__.splitlines()[0])
     parser.add_argument("--run-id", help="recorded with every correction (Airflow passes its run id)")
     parser.add_argument("--reason", default="late_data", help="why, recorded with every correction")
     parser.add_argument("--skip-push", action="store_true", help="correct Delta only; no metrics topic, no InfluxDB")
+    parser.add_argument(
+        "--allow-stream-behind", action="store_true",
+        help="recompute even when the speed layer has not committed every micro-batch ingested before --end",
+    )
     return parse_interval_args(parser, argv)
 
 
@@ -64,11 +72,17 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
 
     caught_up = bl.stream_caught_up(spark, config, interval[1])
     if caught_up is False:
-        log.warning(
-            "the speed layer has not finished every micro-batch ingested before %s: rows it archives later "
-            "for this interval are recomputed only if the interval is run again",
-            iso(interval[1]),
-        )
+        # Rows of a micro-batch that started before the interval's end but has not committed (a slow
+        # batch, or one that crashed and will be replayed with its original ingest time) become
+        # visible only when it commits: recomputing now would miss them for good. Fail instead, so
+        # Airflow retries the task (with backoff) once the stream has moved on.
+        if not getattr(args, "allow_stream_behind", False):
+            raise StreamBehind(
+                f"the speed layer has not committed every micro-batch ingested before {iso(interval[1])}: "
+                "recomputing now could miss their late rows; retry later (Airflow does), or pass "
+                "--allow-stream-behind to recompute what is archived now"
+            )
+        log.warning("recomputing %s although the speed layer is behind (--allow-stream-behind)", iso(interval[1]))
     late = bl.late_windows(archive, *interval)
     late_scan = bl.scan_stats(spark, late)
     windows = [(r["topic"], int(r["ms"])) for r in late.select("topic", F.unix_millis("window_start").alias("ms")).collect()]

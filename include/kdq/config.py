@@ -385,13 +385,30 @@ class Config(_Section):
         never passes an open transaction (it stops at the last stable offset), so
         what is counted is exactly what producers committed.
         """
+        client = dict(self.kafka.client)
+        username, password = client.get("sasl.username"), client.get("sasl.password")
+        if username is not None and password is not None and "sasl.jaas.config" not in client:
+            # One [kafka.client] for both client libraries: librdkafka takes sasl.username /
+            # sasl.password (and refuses sasl.jaas.config), the Java client behind Spark only a
+            # JAAS login line, built here from the same two values.
+            del client["sasl.username"], client["sasl.password"]
+            module = _JAAS_MODULES.get(client.get("sasl.mechanism", "PLAIN").upper(), _JAAS_MODULES["PLAIN"])
+            quoted = {k: v.replace("\\", "\\\\").replace('"', '\\"') for k, v in (("u", username), ("p", password))}
+            client["sasl.jaas.config"] = f'{module} required username="{quoted["u"]}" password="{quoted["p"]}";'
         return {
             "kafka.bootstrap.servers": self.kafka_bootstrap(),
             "kafka.max.partition.fetch.bytes": str(self.kafka.max_message_bytes),
-            **{f"kafka.{key}": value for key, value in self.kafka.client.items()},
+            **{f"kafka.{key}": value for key, value in client.items()},
             "kafka.isolation.level": "read_committed",
         }
 
+
+# The Java client's login module per SASL mechanism (librdkafka needs none).
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
 
 _SECTIONS: dict[str, type[_Section]] = {
     "paths": PathsConfig,

@@ -511,11 +511,6 @@ def test_spark_kafka_source_gets_a_jaas_config(compose: dict[str, Any]) -> None:
     options = _kdq_config(compose).spark_kafka_options()
     assert options["kafka.security.protocol"] == "SASL_PLAINTEXT"
     assert options["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
-    if "kafka.sasl.jaas.config" not in options:
-        pytest.xfail(
-            "kdq.config.spark_kafka_options does not derive kafka.sasl.jaas.config from sasl.username/"
-            "sasl.password yet (proposal: deploy/README.md, Kafka authentication)"
-        )
     jaas = options["kafka.sasl.jaas.config"]
     assert jaas.startswith("org.apache.kafka.common.security.scram.ScramLoginModule required")
     assert f'password="{SECRETS["KDQ_KAFKA_PASSWORD"]}"' in jaas

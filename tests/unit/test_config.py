@@ -93,3 +93,20 @@ def test_read_uncommitted_is_refused_at_start(tmp_path) -> None:
     path = write(tmp_path, "[kafka]\nclient = { 'isolation.level' = 'read_uncommitted' }\n")
     with pytest.raises(ConfigError, match=r"kafka\.client.*read_committed"):
         load_config(path, env={})
+
+
+def test_sasl_login_from_one_client_table_for_both_client_libraries(tmp_path) -> None:
+    path = write(
+        tmp_path,
+        "[kafka]\nbootstrap_servers = 'a:1'\n"
+        "client = { 'security.protocol' = 'SASL_PLAINTEXT', 'sasl.mechanism' = 'SCRAM-SHA-512', "
+        "'sasl.username' = 'kdq', 'sasl.password' = 'p\"w' }\n",
+    )
+    config = load_config(path, env={})
+    options = config.spark_kafka_options()
+    assert options["kafka.sasl.jaas.config"] == (
+        'org.apache.kafka.common.security.scram.ScramLoginModule required username="kdq" password="p\\"w";'
+    )
+    assert "kafka.sasl.username" not in options and "kafka.sasl.password" not in options
+    # librdkafka (producers, the fallback reader, the CLI) keeps its own keys.
+    assert config.kafka_client_conf()["sasl.username"] == "kdq"

@@ -15,9 +15,18 @@ rows whose (topic, partition, offset) is not archived yet. The MERGE match
 reads the loaded topics' rows in the loaded offset span (file skipping on the
 ``offset`` statistics), not by ``event_hour``: an archived row's window may
 differ from the new classification (a rule changed since), and matching by
-partition would then duplicate it. Delta's conflict detection makes the insert
-safe against a concurrent stream append of the same records (the MERGE is
-retried); re-running the job inserts nothing.
+partition would then duplicate it. Re-running the job inserts nothing.
+
+**Never ahead of the stream.** Each partition's range ends at the end offset of
+the stream's last committed micro-batch (read from its checkpoint); the rest
+is reported as ``held_back_for_stream``, and a partition the stream has not read
+yet loads nothing. That, not Delta, is what keeps the two from archiving the
+same record: the stream's archive writes are blind appends, and under Delta's
+default WriteSerializable isolation a MERGE does not conflict with a concurrent
+blind append, even of rows its match condition would have found. Should a
+record still be archived twice (an archive restored from a backup, a job run
+against another checkpoint), the recompute and the rebuild count each
+(topic, partition, offset) once (:func:`kdq.spark.transforms.one_row_per_record`).
 
 The hourly recompute (``spark_jobs/batch_recompute.py``) then counts the
 loaded windows: it recomputes every window with archive rows ingested in its
@@ -31,11 +40,13 @@ import json
 import logging
 import re
 from collections.abc import Sequence
+from functools import reduce
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from kdq.checkpoint_offsets import passed_offsets, speed_layer_checkpoint
 from kdq.config import Config
 from kdq.rules import RuleSet
 from kdq.spark import transforms
@@ -104,6 +115,9 @@ def resolve_ranges(
 
     start = json.loads(start) if isinstance(start, str) and start.startswith("{") else start
     end = json.loads(end) if isinstance(end, str) and end.startswith("{") else end
+    # Never past what the stream has passed: a record at or above the stream's position is the
+    # stream's to archive, and a concurrent stream append would not stop this insert (see module doc).
+    passed = passed_offsets(speed_layer_checkpoint(config))
     consumer = _consumer(config)
     try:
         metadata = consumer.list_topics(timeout=15).topics
@@ -122,19 +136,24 @@ def resolve_ranges(
     for topic, partition in partitions:
         low, high = watermarks[(topic, partition)]
         s = _bound(start, topic, partition, low, high, by_time.get("start", {}))
-        e = min(_bound(end, topic, partition, low, high, by_time.get("end", {})), high)
+        requested_end = min(_bound(end, topic, partition, low, high, by_time.get("end", {})), high)
+        stream_passed = passed.get((topic, partition))
+        e = min(requested_end, stream_passed if stream_passed is not None else min(s, low))
         ranges.append(
             {
                 "topic": topic,
                 "partition": partition,
                 "requested_start": s,
-                "requested_end": e,
+                "requested_end": requested_end,
+                # The end of the stream's last committed batch (None: the stream has not read this partition).
+                "stream_passed": stream_passed,
+                "held_back_for_stream": max(0, requested_end - max(e, s, low)),
                 "kafka_earliest": low,
                 "kafka_latest": high,
                 "start": max(s, low),
                 "end": e,
                 # Offsets requested but gone from Kafka (retention, delete_records): [from, to).
-                "missing_in_kafka": [s, min(low, e)] if s < low and s < e else None,
+                "missing_in_kafka": [s, min(low, requested_end)] if s < low and s < requested_end else None,
             }
         )
     return ranges
@@ -180,10 +199,17 @@ def archive_records(
     read = sum(int(r["n"]) for r in span)
     if not read:
         return {"read": 0, "loaded": 0, "skipped": 0}
-    bounds = " OR ".join(
-        f"(t.topic = '{r['topic']}' AND t.offset BETWEEN {int(r['lo'])} AND {int(r['hi'])})" for r in span
+    # A Column, not SQL text: topic names are data, never spliced into SQL.
+    bounds = reduce(
+        lambda a, b: a | b,
+        [(F.col("t.topic") == F.lit(r["topic"])) & F.col("t.offset").between(int(r["lo"]), int(r["hi"])) for r in span],
     )
-    condition = f"({bounds}) AND t.topic = s.topic AND t.partition = s.partition AND t.offset = s.offset"
+    condition = (
+        bounds
+        & (F.col("t.topic") == F.col("s.topic"))
+        & (F.col("t.partition") == F.col("s.partition"))
+        & (F.col("t.offset") == F.col("s.offset"))
+    )
     metadata = f"kdq-archive-from-kafka {run_id}"
     path = table_path(config, RAW_ARCHIVE)
     def insert_new() -> None:

@@ -157,7 +157,7 @@ def _window_hours(windows_df: DataFrame) -> list[str]:
 
 
 def archive_rows_of(archive_df: DataFrame, windows_df: DataFrame, hours: Sequence[str] | None = None) -> DataFrame:
-    """Every archive row of the given windows, reading only their ``event_hour`` partitions.
+    """Every archived record of the given windows once, reading only their ``event_hour`` partitions.
 
     ``event_hour`` is the UTC hour of window_start (the session factory pins
     the session time zone to UTC, which is how the stream wrote it).
@@ -166,9 +166,10 @@ def archive_rows_of(archive_df: DataFrame, windows_df: DataFrame, hours: Sequenc
     hours = _window_hours(windows) if hours is None else list(hours)
     if not hours:
         return archive_df.where(F.lit(False))
-    return archive_df.where(F.col("event_hour").isin(hours)).join(
+    rows = archive_df.where(F.col("event_hour").isin(hours)).join(
         F.broadcast(windows), ["topic", "window_start"], "left_semi"
     )
+    return transforms.one_row_per_record(rows)
 
 
 def recompute_counts(archive_df: DataFrame, windows_df: DataFrame, window_seconds: int) -> DataFrame:

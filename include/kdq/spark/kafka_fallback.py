@@ -20,15 +20,14 @@ over speed: the batch's records pass through the driver (at most
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
+from kdq.checkpoint_offsets import EARLIEST, OffsetRange, batch_offset_ranges
 from kdq.config import Config
 
 log = logging.getLogger("kdq.stream")
@@ -40,14 +39,6 @@ KAFKA_SOURCE_SCHEMA = (
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-@dataclass(frozen=True)
-class OffsetRange:
-    topic: str
-    partition: int
-    start: int  # inclusive; -2 = the partition's earliest offset (a partition new to the query)
-    end: int  # exclusive
-
-
 def is_record_conversion_error(exc: BaseException) -> bool:
     """Whether a failed Spark action failed while Spark's Kafka source converted a record to a row."""
     java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
@@ -57,32 +48,6 @@ def is_record_conversion_error(exc: BaseException) -> bool:
             return True
         java, seen = java.getCause(), seen + 1
     return "KafkaRecordToRowConverter" in str(exc)
-
-
-def _offsets_line(path: Path) -> dict[str, dict[str, int]]:
-    """The Kafka source's offsets in one file of the checkpoint's offset log (or sources/0/0)."""
-    lines = path.read_bytes().decode("utf-8").lstrip("\x00").splitlines()
-    for line in reversed(lines):
-        if line.startswith("{") and "batchWatermarkMs" not in line:
-            return {topic: {p: int(o) for p, o in parts.items()} for topic, parts in json.loads(line).items()}
-    raise ValueError(f"{path}: no Kafka offsets in it")
-
-
-def batch_offset_ranges(checkpoint: Path, batch_id: int) -> list[OffsetRange]:
-    """The offset ranges micro-batch ``batch_id`` reads: its end offsets and the previous batch's (or the
-    query's initial offsets for batch 0); partitions the previous batch did not know start at the earliest."""
-    end = _offsets_line(checkpoint / "offsets" / str(batch_id))
-    if batch_id > 0:
-        start = _offsets_line(checkpoint / "offsets" / str(batch_id - 1))
-    else:
-        start = _offsets_line(checkpoint / "sources" / "0" / "0")
-    ranges = []
-    for topic, parts in sorted(end.items()):
-        for partition, stop in sorted(parts.items(), key=lambda kv: int(kv[0])):
-            begin = start.get(topic, {}).get(partition, -2)
-            if begin == -2 or begin < stop:
-                ranges.append(OffsetRange(topic, int(partition), begin, stop))
-    return ranges
 
 
 def read_ranges(config: Config, ranges: Iterable[OffsetRange], timeout: float = 120.0) -> list[tuple]:
@@ -110,7 +75,7 @@ def read_ranges(config: Config, ranges: Iterable[OffsetRange], timeout: float = 
     try:
         ends = {(r.topic, r.partition): r.end for r in ranges}
         consumer.assign(
-            [TopicPartition(r.topic, r.partition, OFFSET_BEGINNING if r.start == -2 else r.start) for r in ranges]
+            [TopicPartition(r.topic, r.partition, OFFSET_BEGINNING if r.start == EARLIEST else r.start) for r in ranges]
         )
         pending = set(ends)
         deadline = time.monotonic() + timeout

@@ -115,8 +115,9 @@ def _topic_filter(topics: Sequence[str] | None):
 
 
 def rebuild_selection(archive_df: DataFrame, from_ms: int, to_ms: int, topics: Sequence[str] | None) -> DataFrame:
-    """Archive rows of the windows in [from, to) of the given topics (only the range's partitions are read)."""
-    return (
+    """Archived records (each once) of the windows in [from, to) of the given topics; only the range's
+    partitions are read."""
+    return transforms.one_row_per_record(
         archive_df.where(F.col("event_hour").isin(range_hours(from_ms, to_ms)))
         .where((F.col("window_start") >= _ts(from_ms)) & (F.col("window_start") < _ts(to_ms)))
         .where(_topic_filter(topics))
