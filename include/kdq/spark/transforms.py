@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from kdq.config import StreamConfig
@@ -218,6 +218,20 @@ def invalid_candidates(classified: DataFrame, limit: int) -> DataFrame:
         )
         .limit(limit)
     )
+
+
+def one_row_per_record(archived: DataFrame) -> DataFrame:
+    """Archive rows with each (topic, partition, offset) once: the copy archived first.
+
+    The archive should hold every record once, but a record archived twice
+    (a restored backup, a backfill run against another checkpoint) must not be
+    counted twice by a recompute or a rebuild. The first copy by ingest time
+    (then batch id) is the one the stream or the first load decided on.
+    """
+    first = Window.partitionBy("topic", "partition", "offset").orderBy(
+        F.col("ingest_time").asc_nulls_last(), F.col("batch_id").asc_nulls_last()
+    )
+    return archived.withColumn("__copy", F.row_number().over(first)).where(F.col("__copy") == 1).drop("__copy")
 
 
 def union_all(frames: list[DataFrame]) -> DataFrame:
