@@ -75,6 +75,80 @@ def _stream_stop(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _stream_failure(config: Config, args: argparse.Namespace) -> int:
+    from kdq import batch_failures
+
+    limit = config.stream.max_batch_failures
+    if args.clear:
+        failure = batch_failures.clear_failure(config)
+        print(f"cleared the failure record of batch {failure['batch_id']}: the next supervisor run retries it"
+              if failure else "no failure recorded")
+        return 0
+    failure = batch_failures.read_failure(config)
+    if failure is None:
+        print("no failed micro-batch recorded")
+    else:
+        print(batch_failures.failure_message(failure, limit))
+        if batch_failures.blocked(config, limit) is None:
+            print(f"(attempt {failure['attempts']} of {limit}: the supervisor still restarts it)")
+    entries = batch_failures.read_quarantine(config)
+    if entries:
+        print("\nQuarantined offset ranges (" + batch_failures.state_dir(config).joinpath(batch_failures.QUARANTINE).as_posix() + "):")
+        for e in entries:
+            print(f"  #{e['id']} {e['topic']} partition {e['partition']}: offsets {e['from_offset']}..{e['to_offset']}"
+                  f" - {e['reason']}")
+    return 0
+
+
+def _print_quarantined(config: Config, added: list[dict]) -> int:
+    from kdq import batch_failures
+
+    for e in added:
+        print(f"quarantined #{e['id']}: {e['topic']} partition {e['partition']} offsets "
+              f"{e['from_offset']}..{e['to_offset']} ({e['reason']})")
+    failure = batch_failures.read_failure(config)
+    if failure is not None:
+        hits = batch_failures.overlapping(added, failure.get("ranges") or [])
+        if failure.get("ledger_written"):
+            print(f"note: batch {failure['batch_id']} failed after its ledger entry was written: the quarantine "
+                  "cannot change it (see `kdq stream-failure`)")
+        elif not hits and failure.get("ranges"):
+            print(f"note: none of these ranges is in failed batch {failure['batch_id']}'s offset ranges")
+        else:
+            print(f"batch {failure['batch_id']} will be retried with them by the next supervisor run "
+                  "(or `kdq stream --detach`)")
+    return 0
+
+
+def _quarantine_offsets(config: Config, args: argparse.Namespace) -> int:
+    from kdq import batch_failures
+
+    ranges = [{"topic": args.topic, "partition": args.partition, "from": args.from_offset, "to": args.to_offset}]
+    try:
+        added = batch_failures.add_quarantine(config, ranges, args.reason)
+    except ValueError as exc:
+        print(f"kdq quarantine-offsets: {exc}", file=sys.stderr)
+        return 2
+    return _print_quarantined(config, added)
+
+
+def _quarantine_batch(config: Config, args: argparse.Namespace) -> int:
+    from kdq import batch_failures
+
+    failure = batch_failures.read_failure(config)
+    if failure is not None and failure["batch_id"] == args.batch_id and failure.get("ranges"):
+        ranges = failure["ranges"]
+    else:
+        ranges = batch_failures.offset_ranges(batch_failures.checkpoint_of(config), args.batch_id)
+    if args.topic:
+        ranges = [r for r in ranges if r["topic"] in args.topic]
+    if not ranges:
+        print(f"kdq quarantine-batch: no offset ranges of batch {args.batch_id}"
+              + (f" for topics {', '.join(args.topic)}" if args.topic else ""), file=sys.stderr)
+        return 1
+    return _print_quarantined(config, batch_failures.add_quarantine(config, ranges, args.reason))
+
+
 def _submit(config: Config, job: str, job_args: list[str]) -> int:
     import os
     import subprocess
@@ -217,6 +291,29 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("stream-stop", help="stop the background speed layer gracefully").set_defaults(
         func=_stream_stop
     )
+    failure = commands.add_parser(
+        "stream-failure", help="the micro-batch that keeps failing (error, offsets, way out) and the quarantine list"
+    )
+    failure.add_argument("--clear", action="store_true",
+                         help="forget the failure (after deploying a fix): the supervisor retries the batch")
+    failure.set_defaults(func=_stream_failure)
+    quarantine = commands.add_parser(
+        "quarantine-offsets",
+        help="count an offset range as invalid (internal_error:quarantined) without classifying it",
+    )
+    quarantine.add_argument("--topic", required=True)
+    quarantine.add_argument("--partition", type=int, required=True)
+    quarantine.add_argument("--from", dest="from_offset", type=int, required=True, help="first offset")
+    quarantine.add_argument("--to", dest="to_offset", type=int, required=True, help="last offset (inclusive)")
+    quarantine.add_argument("--reason", required=True, help="why (kept with the entry)")
+    quarantine.set_defaults(func=_quarantine_offsets)
+    quarantine_batch = commands.add_parser(
+        "quarantine-batch", help="quarantine every offset range of a micro-batch (the recorded failure's ranges)"
+    )
+    quarantine_batch.add_argument("batch_id", type=int)
+    quarantine_batch.add_argument("--topic", action="append", help="only this topic's ranges (repeatable)")
+    quarantine_batch.add_argument("--reason", required=True, help="why (kept with the entries)")
+    quarantine_batch.set_defaults(func=_quarantine_batch)
     recompute = commands.add_parser(
         "recompute", help="batch layer: recompute windows that got late records in [start, end) of ingest time"
     )

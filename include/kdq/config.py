@@ -140,6 +140,18 @@ class StreamConfig(_Section):
     max_value_bytes: int = Field(default=1024 * 1024, gt=0, description="larger values are invalid: too_large")
     reasons_window_seconds: int = Field(default=60, gt=0)
     quarantine_per_window: int = Field(default=20, ge=0)
+    max_batch_failures: int = Field(
+        default=3, ge=1,
+        description="consecutive failures (or hangs) of one micro-batch after which the supervisor stops "
+        "restarting the stream and fails its task with the error and the batch's offsets",
+    )
+    max_batch_seconds: float = Field(
+        default=900.0, gt=0,
+        description="a micro-batch running longer is hung: the supervisor reports it and restarts the stream",
+    )
+    hung_stop_grace_seconds: float = Field(
+        default=30.0, gt=0, description="SIGTERM-to-SIGKILL grace when the supervisor stops a hung stream"
+    )
 
 
 class InfluxConfig(_Section):

@@ -6,6 +6,16 @@ heartbeat in ``<data_dir>/stream/``: ``supervisor.lock`` (created with O_EXCL, h
 pid, taken over when that pid is dead, so a crashed supervisor never blocks the next one and two live
 ones never start two streams) and ``supervisor_state.json`` (consecutive restarts without a healthy
 check in between; past ``max_restarts`` the task fails visibly and restarts are spaced out).
+
+Health is judged by batch progress, not by the heartbeat alone (issue 13, ``kdq.batch_failures``):
+
+* a micro-batch running longer than ``stream.max_batch_seconds`` is **hung**: the check logs it, records it
+  as a failed attempt of that batch, stops the stream (SIGTERM, SIGKILL after
+  ``stream.hung_stop_grace_seconds``) and starts it again;
+* a micro-batch that failed (or hung) ``stream.max_batch_failures`` times in a row is not restarted again:
+  the task fails with the error, the batch's offset ranges and the commands out (``kdq quarantine-offsets``,
+  ``kdq quarantine-batch``, ``kdq stream-failure --clear``) instead of a restart loop that silently blocks
+  every topic. Adding a quarantine entry unblocks it.
 """
 
 from __future__ import annotations
@@ -87,14 +97,26 @@ def ensure_stream_running(
     max_restarts: int = 3,
     backoff_seconds: float = 120.0,
     log: Any = None,
+    max_batch_failures: int | None = None,
+    max_batch_seconds: float | None = None,
+    hung_stop_grace_seconds: float | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> str:
-    """One supervisor check; returns ``healthy``, ``starting``, ``restarted``, ``backing_off`` or ``locked``.
+    """One supervisor check; returns ``healthy``, ``starting``, ``restarted``, ``restarted_hung`` or ``locked``.
 
     Raises AirflowException (after restarting, unless backing off) once ``max_restarts`` consecutive
-    restarts did not bring a healthy heartbeat: the crash loop shows as a failed task.
+    restarts did not bring a healthy heartbeat: the crash loop shows as a failed task. Raises it without
+    restarting when one micro-batch failed ``max_batch_failures`` times in a row (see the module doc).
+    The batch limits default to the config's ``stream.*`` keys; ``extra_env`` goes to the started job.
     """
+    from kdq import batch_failures
     from kdq.stream_process import start_stream, stop_stream, stream_process
     from kdq.stream_status import heartbeat_age_seconds
+
+    stream = config.stream
+    max_batch_failures = stream.max_batch_failures if max_batch_failures is None else max_batch_failures
+    max_batch_seconds = stream.max_batch_seconds if max_batch_seconds is None else max_batch_seconds
+    grace = stream.hung_stop_grace_seconds if hung_stop_grace_seconds is None else hung_stop_grace_seconds
 
     folder = config.data_dir / "stream"
     state_file = folder / STATE_NAME
@@ -104,10 +126,18 @@ def ensure_stream_running(
             running = process.running()
             age = heartbeat_age_seconds(config)
             state = read_state(state_file)
-            if running and age is not None and age <= stale_after_seconds:
+            not_before_ms = int((state.get("last_restart") or 0) * 1000)
+            hung = batch_failures.hung_batch(config, max_batch_seconds, not_before_ms=not_before_ms) if running else None
+            if running and hung is None and age is not None and age <= stale_after_seconds:
                 if state.get("restarts"):
                     write_state(state_file, {"restarts": 0, "last_restart": None})
                 return "healthy"
+            if hung is not None:
+                return _restart_hung(config, hung, max_batch_seconds, max_batch_failures, grace, state, state_file,
+                                     extra_env, log)
+            failure = None if running else batch_failures.blocked(config, max_batch_failures)
+            if failure is not None:
+                raise AirflowException(batch_failures.failure_message(failure, max_batch_failures))
             since_restart = time.time() - (state.get("last_restart") or 0)
             if running and age is None and since_restart < startup_grace_seconds:
                 return "starting"  # JVM start-up and the first batch come before the first heartbeat
@@ -121,7 +151,7 @@ def ensure_stream_running(
                     )
             if running:  # alive but silent: a hung job, stop it before starting a fresh one
                 stop_stream(config)
-            pid = start_stream(config)
+            pid = start_stream(config, extra_env=extra_env)
             restarts += 1
             write_state(state_file, {"restarts": restarts, "last_restart": time.time(), "pid": pid})
             if log is not None:
@@ -136,6 +166,45 @@ def ensure_stream_running(
         if log is not None:
             log.info("another supervisor is at work: %s", exc)
         return "locked"
+
+
+def _restart_hung(
+    config: Any,
+    hung: dict,
+    max_batch_seconds: float,
+    max_batch_failures: int,
+    grace: float,
+    state: dict,
+    state_file: Path,
+    extra_env: dict[str, str] | None,
+    log: Any,
+) -> str:
+    """A batch runs past ``max_batch_seconds``: record it as a failed attempt, stop the job, start it again
+    (or, at ``max_batch_failures`` attempts, fail the task with the batch's offsets instead)."""
+    from kdq import batch_failures
+    from kdq.stream_process import start_stream, stop_stream
+
+    batch_id = hung["batch_id"]
+    what = f"micro-batch {batch_id}" if batch_id is not None else "a trigger (before its batch started)"
+    message = (
+        f"HUNG: {what} has been running for {hung['seconds']:.0f}s, longer than "
+        f"stream.max_batch_seconds = {max_batch_seconds:.0f}; stopping the stream (SIGKILL after {grace:.0f}s) "
+        "and starting it again"
+    )
+    if log is not None:
+        log.error(message)
+    failure = None
+    if batch_id is not None:
+        failure = batch_failures.record_failure(config, batch_id, message, kind="hung")
+    stop_stream(config, timeout=grace)
+    if failure is not None and failure["attempts"] >= max_batch_failures:
+        raise AirflowException(batch_failures.failure_message(failure, max_batch_failures))
+    pid = start_stream(config, extra_env=extra_env)
+    restarts = int(state.get("restarts") or 0) + 1
+    write_state(state_file, {"restarts": restarts, "last_restart": time.time(), "pid": pid, "hung_batch": batch_id})
+    if log is not None:
+        log.info("speed layer restarted as pid %s after the hung batch", pid)
+    return "restarted_hung"
 
 
 class EnsureStreamRunningOperator(BaseOperator):

@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 
 
 class BatchLedger:
-    def __init__(self, spark: SparkSession, checkpoint: str, keep: int = 500) -> None:
+    def __init__(self, spark: SparkSession, checkpoint: str, keep: int = 500, directory: str = "kdq_ledger") -> None:
         jvm = spark._jvm
         self._jvm = jvm
-        self._dir = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/kdq_ledger")
+        self._dir = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/{directory}")
         self._fs = self._dir.getFileSystem(spark._jsc.hadoopConfiguration())
         self._fs.mkdirs(self._dir)
         self._keep = keep
@@ -75,6 +75,11 @@ class BatchLedger:
         if batch_id % 100 == 0:
             for old in self._batch_ids()[: -self._keep]:
                 self._fs.delete(self._path(old), False)
+
+    def delete(self, batch_id: int) -> None:
+        """Remove an entry (write never replaces an existing one: a Hadoop rename onto it fails)."""
+        self._fs.delete(self._path(batch_id), False)
+        self._cache.pop(batch_id, None)
 
     def entries(self) -> list[dict]:
         return [e for e in (self.read(b) for b in self._batch_ids()) if e is not None]

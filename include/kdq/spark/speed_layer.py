@@ -41,6 +41,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
+from kdq import batch_failures
 from kdq.batch_summary import merge_maxima, quarantine_sample, summarize
 from kdq.config import Config
 from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
@@ -77,6 +78,11 @@ class FaultInjector:
     point: str | None = None
     batch_id: int | None = None
     marker: Path | None = None
+    # Issue 13 switches: KDQ_FAULT_FAIL_VALUE fails every batch holding a record whose value contains it
+    # (a deterministic bug; quarantined records are exempt, as they skip classification);
+    # KDQ_FAULT_HANG_SECONDS sleeps at the start of batch KDQ_FAULT_BATCH or later (once per marker).
+    fail_value: str | None = None
+    hang_seconds: float | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> FaultInjector:
@@ -85,7 +91,36 @@ class FaultInjector:
             raise ValueError(f"KDQ_FAULT_POINT: expected one of {FAULT_POINTS}, got {point!r}")
         batch = env.get("KDQ_FAULT_BATCH")
         marker = env.get("KDQ_FAULT_MARKER")
-        return cls(point, int(batch) if batch else None, Path(marker) if marker else None)
+        hang = env.get("KDQ_FAULT_HANG_SECONDS")
+        return cls(
+            point, int(batch) if batch else None, Path(marker) if marker else None,
+            env.get("KDQ_FAULT_FAIL_VALUE") or None, float(hang) if hang else None,
+        )
+
+    def maybe_hang(self, batch_id: int) -> None:
+        if not self.hang_seconds or (self.batch_id is not None and batch_id < self.batch_id):
+            return
+        if self.marker is not None:
+            if self.marker.exists():
+                return
+            self.marker.write_text(f"hang batch {batch_id}\n")
+        log.error("fault injection: batch %d hangs for %.0f s", batch_id, self.hang_seconds)
+        time.sleep(self.hang_seconds)
+
+    def poison(self, batch: DataFrame) -> DataFrame:
+        """Make any Spark job over a record containing ``fail_value`` fail (unless the record is quarantined)."""
+        if not self.fail_value:
+            return batch
+        from pyspark.sql import functions as F
+
+        hit = F.col("value").cast("string").contains(self.fail_value)
+        if transforms.QUARANTINED_COLUMN in batch.columns:
+            hit = hit & ~F.col(transforms.QUARANTINED_COLUMN)
+        message = F.concat(
+            F.lit("KDQ_FAULT_FAIL_VALUE: cannot process record "), F.col("topic"), F.lit(" partition "),
+            F.col("partition").cast("string"), F.lit(" offset "), F.col("offset").cast("string"),
+        )
+        return batch.withColumn("value", F.when(hit, F.raise_error(message)).otherwise(F.col("value")))
 
     def maybe_crash(self, point: str, batch_id: int, rows: int) -> None:
         if self.point != point or rows == 0:
@@ -205,6 +240,8 @@ class SpeedLayer:
         self.on_report: Callable[[BatchReport], None] | None = None
         self._producer = None
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kdq-append")
+        self._quarantine_decisions: BatchLedger | None = None
+        self._quarantined: list[dict] = []  # the current batch's applied quarantine entries
 
     # -- the source ------------------------------------------------------------
     def source(self) -> DataFrame:
@@ -238,6 +275,7 @@ class SpeedLayer:
 
     # -- one micro-batch -----------------------------------------------------------
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        batch = self._before_batch(batch, batch_id)  # issue 13: progress for the supervisor, quarantine, test faults
         started = time.monotonic()
         timings: dict[str, int] = {}
 
@@ -270,7 +308,7 @@ class SpeedLayer:
                 if not is_record_conversion_error(exc):
                     raise
                 classified.unpersist()
-                batch = fallback_batch(self.spark, self.config, self.checkpoint, batch_id)
+                batch = self._prepare(fallback_batch(self.spark, self.config, self.checkpoint, batch_id))
                 classified = transforms.mark_late(transforms.classify(batch, self.rules, stream, ingest_ms), before, stream)
                 classified = classified.persist()
                 aggregates = transforms.batch_aggregates(classified).collect()
@@ -366,6 +404,67 @@ class SpeedLayer:
                     del self.reports[old]
                 if self.on_report is not None:
                     self.on_report(report)
+
+    # -- issue 13: batch progress, quarantined offsets, test faults (kept out of process_batch's steps) --------
+    def _before_batch(self, batch: DataFrame, batch_id: int) -> DataFrame:
+        """First thing of every micro-batch: record its start (the supervisor's hung-batch check), decide
+        which quarantined ranges apply, and mark their records so classify skips the classifier for them."""
+        batch_failures.batch_started(self.config, batch_id)
+        self.faults.maybe_hang(batch_id)
+        self._quarantined = self._decide_quarantine(batch_id)
+        return self._prepare(batch)
+
+    def _prepare(self, batch: DataFrame) -> DataFrame:
+        """The batch's records with the quarantine mark (when a range applies) and the test faults."""
+        if self._quarantined:
+            from pyspark.sql import functions as F
+
+            hit = F.lit(False)
+            for e in self._quarantined:
+                hit = hit | (
+                    (F.col("topic") == e["topic"]) & (F.col("partition") == int(e["partition"]))
+                    & F.col("offset").between(int(e["from_offset"]), int(e["to_offset"]))
+                )
+            batch = batch.withColumn(transforms.QUARANTINED_COLUMN, hit)
+        return self.faults.poison(batch)
+
+    def _decide_quarantine(self, batch_id: int) -> list[dict]:
+        """The quarantine entries batch ``batch_id`` applies, identical for every replay that may matter.
+
+        Outputs of a batch land only after its ledger entry is written. So while batch N has no ledger
+        entry, nothing of it landed and the decision is taken afresh from the operator's list (a range added
+        after a failed attempt applies to the next one); the decision is recorded in the checkpoint
+        (``kdq_quarantine/N``, same atomic Hadoop-FS files as the ledger) before the ledger entry. Once the
+        ledger entry exists, a replay uses the recorded decision (none if none was recorded), whatever the
+        list says now. Without a quarantine list this costs one stat per batch (plus one on a replay).
+        """
+        replay = self.ledger.read(batch_id) is not None
+        if not replay and not batch_failures.quarantine_in_use(self.config):
+            return []
+        if self._quarantine_decisions is None:
+            self._quarantine_decisions = BatchLedger(self.spark, str(self.checkpoint), directory="kdq_quarantine")
+        decisions = self._quarantine_decisions
+        if replay:
+            recorded = decisions.read(batch_id)
+            return list(recorded["entries"]) if recorded else []
+        entries = batch_failures.read_quarantine(self.config)
+        ranges = batch_failures.offset_ranges(self.checkpoint, batch_id)
+        applied = batch_failures.overlapping(entries, ranges) if ranges else entries
+        previous = decisions.read(batch_id)
+        if previous is not None and previous["entries"] != applied:
+            # Safe to replace non-atomically: without a ledger entry, a missing decision is taken afresh.
+            decisions.delete(batch_id)
+            previous = None
+        if applied and previous is None:
+            decisions.write({"batch_id": batch_id, "entries": applied})
+        if applied:
+            log.warning(
+                "batch %d: %d quarantined offset range(s) apply: %s; their records are counted invalid (%s)",
+                batch_id, len(applied),
+                ", ".join(f"{e['topic']}/{e['partition']}@{e['from_offset']}..{e['to_offset']}" for e in applied),
+                transforms.QUARANTINED,
+            )
+        return applied
 
     def _submit(self, timings: dict[str, int], name: str, action: Callable[..., None], *args) -> Future:
         def timed() -> None:
@@ -511,6 +610,7 @@ class ProgressRecorder(StreamingQueryListener):
                 out.write(json.dumps(record, default=str) + "\n")
             _atomic_write_json(self.dir / "progress.json", record)
         self.heartbeat("running", {"last_batch_id": progress.batchId})
+        batch_failures.batch_finished(self.layer.config, progress.batchId)  # issue 13: done; clears its failure
         self._trim()
 
     def _trim(self) -> None:

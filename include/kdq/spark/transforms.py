@@ -25,6 +25,10 @@ INVALID = "invalid"
 BAD_TIMESTAMP = "bad_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
 SCHEMA_PREFIX = "schema:"
+# Records of an operator's quarantined offset ranges (kdq.batch_failures, issue 13): the speed layer marks
+# them with this column; classify never runs the classifier on them and counts them invalid with this reason.
+QUARANTINED_COLUMN = "__kdq_quarantined"
+QUARANTINED = "internal_error:quarantined"
 PATTERN_BUDGET_PREFIX = "pattern_budget:"
 
 # The event times a record may carry: 1970-01-01T00:00:00.000Z to
@@ -69,6 +73,10 @@ def classify(
     ingest = ingest_time if isinstance(ingest_time, Column) else F.timestamp_millis(F.lit(int(ingest_time)))
     size_ms = stream.window_seconds * 1000
     verdict = classifier(records.sparkSession, rules, stream)
+    quarantined = F.col(QUARANTINED_COLUMN) if QUARANTINED_COLUMN in records.columns else None
+    judge = verdict(F.col("topic"), F.col("value"))
+    if quarantined is not None:  # null verdict for them: the classifier never sees their bytes
+        judge = F.when(~quarantined, judge)
     checked = records.select(
         F.col("topic"),
         F.col("partition"),
@@ -77,7 +85,8 @@ def classify(
         F.col("key"),
         F.col("value"),
         ingest.alias("ingest_time"),
-        verdict(F.col("topic"), F.col("value")).alias("__v"),
+        judge.alias("__v"),
+        *([quarantined.alias(QUARANTINED_COLUMN)] if quarantined is not None else []),
     )
     # A Kafka timestamp outside 1970..9999 (or none) is no clock to count by: such a
     # record is bad_timestamp in the window of its ingest time.
@@ -98,6 +107,16 @@ def classify(
         .when(future, F.lit(FUTURE_TIMESTAMP))
         .otherwise(problem)
     )
+    if quarantined is not None:
+        # Counted at their Kafka timestamp when it is a usable clock (not ahead of ingest time by more than
+        # the margin), else at ingest time, like bad_timestamp.
+        usable = kafka_time_ok & (
+            F.col("kafka_timestamp") <= F.col("ingest_time") + F.expr(f"INTERVAL {stream.future_margin_seconds} SECONDS")
+        )
+        event_time = F.when(quarantined, F.when(usable, F.col("kafka_timestamp")).otherwise(F.col("ingest_time"))).otherwise(
+            event_time
+        )
+        reason = F.when(quarantined, F.lit(QUARANTINED)).otherwise(reason)
     timed = checked.select(
         *[c for c in ("topic", "partition", "offset", "kafka_timestamp", "key", "value", "ingest_time")],
         event_time.alias("event_time"),

@@ -1,0 +1,344 @@
+"""Failing and hung micro-batches of the speed layer, and the operator's way out (issue 13). No Spark import.
+
+Three small JSON files next to the heartbeat in ``<data_dir>/stream/``:
+
+``current_batch.json``
+    ``{batch_id, state: running|done, started_ms, pid}``: written by the speed layer at the start of every
+    micro-batch and marked done when Spark reports the batch's progress. The supervisor judges health by
+    it: a batch running longer than ``stream.max_batch_seconds`` is hung, even while the heartbeat ticks.
+``batch_failure.json``
+    The last micro-batch that failed (or hung): batch id, consecutive attempts, the error's first lines, the
+    batch's offset ranges (from Spark's offset log) and whether the batch's ledger entry existed. Written by
+    the job when its query dies (``spark_jobs/stream_counts.py``) or by the supervisor when it kills a hung
+    batch; cleared once a batch at or past it completes. After ``stream.max_batch_failures`` attempts the
+    supervisor stops restarting the stream and fails its task with :func:`failure_message`.
+``quarantined_offsets.json``
+    The operator's quarantine list, append-only: ``{id, topic, partition, from_offset, to_offset
+    (inclusive), reason, added_ms}``. Records of these ranges skip classification and are counted invalid
+    with reason ``internal_error:quarantined`` (archived like any other record). A JSON file rather than a
+    Delta table: the CLI appends to it without starting a JVM, the driver reads it at a batch's start
+    without a Spark job, the supervisor and ``kdq status`` read it too, and it holds a handful of entries.
+    Replays do not read it: which entries a batch applied is recorded per batch in the checkpoint (see
+    ``SpeedLayer._decide_quarantine``), so a range added while a batch runs never changes a replay of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+CURRENT_BATCH = "current_batch.json"
+FAILURE = "batch_failure.json"
+QUARANTINE = "quarantined_offsets.json"
+QUARANTINED_REASON = "internal_error:quarantined"
+ERROR_LINES = 12
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def state_dir(config: Any) -> Path:
+    return config.data_dir / "stream"
+
+
+def checkpoint_of(config: Any) -> Path:
+    """The speed layer's checkpoint (the same folder as ``kdq.spark.speed_layer.checkpoint_dir``)."""
+    return config.checkpoints_dir / "speed_layer"
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _write(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _locked(config: Any) -> Iterator[None]:
+    """Serialises read-modify-write of these files between the job, the supervisor and the CLI."""
+    folder = state_dir(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".batch_failures.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- batch progress (hung batches) ---------------------------------------------------------------------
+
+
+def batch_started(config: Any, batch_id: int) -> None:
+    _write(
+        state_dir(config) / CURRENT_BATCH,
+        {"batch_id": int(batch_id), "state": "running", "started_ms": _now_ms(), "pid": os.getpid()},
+    )
+
+
+def batch_finished(config: Any, batch_id: int) -> None:
+    """Batch ``batch_id`` committed: mark it done and clear a failure record of it or of an earlier batch."""
+    path = state_dir(config) / CURRENT_BATCH
+    current = _read(path) or {}
+    if current.get("batch_id") is None or int(current["batch_id"]) <= batch_id:
+        _write(path, {**current, "batch_id": int(batch_id), "state": "done", "finished_ms": _now_ms()})
+    failure = read_failure(config)
+    if failure is not None and int(failure["batch_id"]) <= batch_id:
+        with _locked(config):
+            failure = read_failure(config)
+            if failure is not None and int(failure["batch_id"]) <= batch_id:
+                (state_dir(config) / FAILURE).unlink(missing_ok=True)
+
+
+def running_batch(config: Any, now_ms: int | None = None, not_before_ms: int = 0) -> dict | None:
+    """The micro-batch a live stream process is running now, with its age in seconds; None if none.
+
+    Only batches of a live driver started at or after ``not_before_ms`` count: a record left by a killed
+    process says nothing about the process running now. Falls back to the heartbeat's
+    ``trigger_active_since_ms`` (a trigger stuck before the batch reaches kdq's code, e.g. in Spark's
+    offset fetch or planning).
+    """
+    now = _now_ms() if now_ms is None else now_ms
+    current = _read(state_dir(config) / CURRENT_BATCH)
+    if (
+        current
+        and current.get("state") == "running"
+        and int(current.get("started_ms") or 0) >= not_before_ms
+        and _pid_alive(int(current.get("pid") or 0))
+    ):
+        return {
+            "batch_id": int(current["batch_id"]),
+            "seconds": max(0.0, (now - int(current["started_ms"])) / 1000),
+            "source": "batch",
+        }
+    beat = _read(state_dir(config) / "heartbeat.json") or {}
+    since = beat.get("trigger_active_since_ms")
+    if beat.get("state") == "running" and since and int(since) >= not_before_ms and _pid_alive(int(beat.get("pid") or 0)):
+        return {"batch_id": pending_batch(checkpoint_of(config)), "seconds": max(0.0, (now - int(since)) / 1000),
+                "source": "trigger"}
+    return None
+
+
+def hung_batch(config: Any, max_seconds: float, now_ms: int | None = None, not_before_ms: int = 0) -> dict | None:
+    running = running_batch(config, now_ms, not_before_ms)
+    return running if running is not None and running["seconds"] > max_seconds else None
+
+
+# -- failures --------------------------------------------------------------------------------------------
+
+
+def pending_batch(checkpoint: Path) -> int | None:
+    """The batch Spark planned but did not commit (its offsets are logged, its commit is not), if any."""
+
+    def ids(folder: Path) -> set[int]:
+        try:
+            return {int(p.name) for p in folder.iterdir() if p.name.isdigit()}
+        except FileNotFoundError:
+            return set()
+
+    planned = ids(checkpoint / "offsets")
+    if not planned:
+        return None
+    last = max(planned)
+    return None if last in ids(checkpoint / "commits") else last
+
+
+def offset_ranges(checkpoint: Path, batch_id: int) -> list[dict]:
+    """Batch ``batch_id``'s offset ranges from Spark's offset log, ``to`` inclusive; [] if unreadable."""
+    from kdq.checkpoint_offsets import batch_offset_ranges
+
+    try:
+        ranges = batch_offset_ranges(checkpoint, batch_id)
+    except (OSError, ValueError):
+        return []
+    return [
+        {"topic": r.topic, "partition": r.partition, "from": max(r.start, 0), "to": r.end - 1,
+         "from_earliest": r.start == -2}
+        for r in ranges
+    ]
+
+
+def error_summary(text: str, max_lines: int = ERROR_LINES) -> str:
+    """The lines of a (Py4J / Spark / Python) error that say what went wrong, at most ``max_lines``.
+
+    The first line, then the lines naming an exception or error (the Python traceback's last line, Spark's
+    ``Caused by``), without the stack frames in between.
+    """
+    lines = [line.rstrip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return "(no error message)"
+    keep = [lines[0]]
+    for line in lines[1:]:
+        stripped = line.strip()
+        if stripped.startswith(("at ", "File ", "...", "^", "~")) or stripped in keep:
+            continue
+        if any(word in stripped for word in ("Error", "Exception", "error:", "Caused by", "KDQ_FAULT")):
+            keep.append(stripped[:500])
+        if len(keep) >= max_lines:
+            break
+    return "\n".join(keep)
+
+
+def read_failure(config: Any) -> dict | None:
+    return _read(state_dir(config) / FAILURE)
+
+
+def record_failure(
+    config: Any,
+    batch_id: int,
+    error: str,
+    kind: str = "error",
+    checkpoint: Path | None = None,
+) -> dict:
+    """Record one more failed attempt of ``batch_id`` (attempts restart at 1 for another batch, or when the
+    quarantine list changed since the last attempt: the operator acted)."""
+    checkpoint = checkpoint or checkpoint_of(config)
+    ranges = offset_ranges(checkpoint, batch_id)
+    quarantine_size = len(read_quarantine(config))
+    with _locked(config):
+        previous = read_failure(config) or {}
+        same = previous.get("batch_id") == batch_id and previous.get("quarantine_size") == quarantine_size
+        failure = {
+            "batch_id": int(batch_id),
+            "attempts": int(previous.get("attempts") or 0) + 1 if same else 1,
+            "kind": kind,
+            "error": error_summary(error),
+            "time_ms": _now_ms(),
+            "first_time_ms": previous.get("first_time_ms") if same else _now_ms(),
+            "ranges": ranges,
+            # The batch's ledger entry existed: some outputs may have landed, and a replay keeps the
+            # quarantine decision recorded with it, so a range added now does not apply to this batch.
+            "ledger_written": (checkpoint / "kdq_ledger" / str(batch_id)).exists(),
+            "quarantine_size": quarantine_size,
+        }
+        _write(state_dir(config) / FAILURE, failure)
+    return failure
+
+
+def clear_failure(config: Any) -> dict | None:
+    """Forget the recorded failure (``kdq stream-failure --clear``): the supervisor retries the batch as is."""
+    with _locked(config):
+        failure = read_failure(config)
+        (state_dir(config) / FAILURE).unlink(missing_ok=True)
+    return failure
+
+
+def blocked(config: Any, max_failures: int) -> dict | None:
+    """The failure that stops the supervisor from restarting the stream, if any: ``max_failures``
+    consecutive attempts of one batch, with no quarantine entry added since the last one."""
+    failure = read_failure(config)
+    if failure is None or int(failure.get("attempts") or 0) < max_failures:
+        return None
+    if len(read_quarantine(config)) != failure.get("quarantine_size"):
+        return None  # the operator quarantined something since: try again
+    return failure
+
+
+def format_ranges(ranges: Iterable[dict]) -> list[str]:
+    return [
+        f"  {r['topic']} partition {r['partition']}: offsets {r['from']}..{r['to']}"
+        + (" (from the partition's earliest)" if r.get("from_earliest") else "")
+        for r in ranges
+    ]
+
+
+def failure_message(failure: dict, max_failures: int) -> str:
+    batch = failure["batch_id"]
+    what = "hung (ran past stream.max_batch_seconds)" if failure.get("kind") == "hung" else "failed"
+    lines = [
+        f"speed layer: micro-batch {batch} {what} {failure['attempts']} times in a row "
+        f"(stream.max_batch_failures = {max_failures}). The supervisor no longer restarts the stream: "
+        "no topic advances until this is resolved.",
+        "Error of the last attempt:",
+        *[f"  {line}" for line in failure["error"].splitlines()],
+        f"Offset ranges of batch {batch} (inclusive):",
+        *(format_ranges(failure.get("ranges") or []) or ["  (unknown: the offset log could not be read)"]),
+    ]
+    if failure.get("ledger_written"):
+        lines += [
+            "The batch failed after its classification was recorded in the batch ledger (outputs may have "
+            "landed), so quarantining its records cannot change this batch. Fix the cause, deploy, then:",
+            "  kdq stream-failure --clear      # the next supervisor run retries the batch",
+        ]
+    else:
+        lines += [
+            'Way out (README, "Operations: when a batch keeps failing"):',
+            "  kdq quarantine-offsets --topic T --partition P --from A --to B --reason '...'"
+            "   # only the offending records",
+            f"  kdq quarantine-batch {batch} [--topic T ...] --reason '...'"
+            "   # every record of the batch's ranges (of those topics)",
+            "  kdq stream-failure --clear      # or, after deploying a fix: retry the batch as is",
+            "Quarantined records are archived once and counted once as invalid, reason "
+            f"{QUARANTINED_REASON}; everything else of the batch is counted normally. "
+            "The next supervisor run restarts the stream.",
+        ]
+    return "\n".join(lines)
+
+
+# -- the quarantine list -----------------------------------------------------------------------------------
+
+
+def read_quarantine(config: Any) -> list[dict]:
+    return list((_read(state_dir(config) / QUARANTINE) or {}).get("ranges") or [])
+
+
+def quarantine_in_use(config: Any) -> bool:
+    """Whether a quarantine list was ever written (cheap: one stat per micro-batch otherwise)."""
+    return (state_dir(config) / QUARANTINE).exists()
+
+
+def add_quarantine(config: Any, ranges: Iterable[dict], reason: str) -> list[dict]:
+    """Append ``ranges`` ({topic, partition, from, to}, ``to`` inclusive) with ``reason``; returns the new entries."""
+    if not reason.strip():
+        raise ValueError("a reason is required (it is kept with the entry)")
+    with _locked(config):
+        entries = read_quarantine(config)
+        next_id = max((int(e["id"]) for e in entries), default=0) + 1
+        added = []
+        for r in ranges:
+            start, end = int(r["from"]), int(r["to"])
+            if start < 0 or end < start:
+                raise ValueError(f"{r['topic']} partition {r['partition']}: expected 0 <= from <= to, got {start}..{end}")
+            added.append({"id": next_id, "topic": str(r["topic"]), "partition": int(r["partition"]),
+                          "from_offset": start, "to_offset": end, "reason": reason, "added_ms": _now_ms()})
+            next_id += 1
+        if added:
+            _write(state_dir(config) / QUARANTINE, {"ranges": entries + added})
+    return added
+
+
+def overlapping(entries: Iterable[dict], ranges: Iterable[dict]) -> list[dict]:
+    """The quarantine entries that overlap a batch's offset ranges (``to`` inclusive on both sides)."""
+    ranges = list(ranges)
+    return [
+        e for e in entries
+        if any(
+            e["topic"] == r["topic"] and int(e["partition"]) == int(r["partition"])
+            and int(e["from_offset"]) <= int(r["to"]) and int(r["from"]) <= int(e["to_offset"])
+            for r in ranges
+        )
+    ]
