@@ -140,6 +140,10 @@ class StreamConfig(_Section):
     max_value_bytes: int = Field(default=1024 * 1024, gt=0, description="larger values are invalid: too_large")
     reasons_window_seconds: int = Field(default=60, gt=0)
     quarantine_per_window: int = Field(default=20, ge=0)
+    on_fresh_checkpoint: str = Field(
+        default="refuse",
+        description="a new checkpoint over a non-empty archive: refuse | resume_from_archive | starting_offsets",
+    )
     max_batch_failures: int = Field(
         default=3, ge=1,
         description="consecutive failures (or hangs) of one micro-batch after which the supervisor stops "
@@ -152,6 +156,16 @@ class StreamConfig(_Section):
     hung_stop_grace_seconds: float = Field(
         default=30.0, gt=0, description="SIGTERM-to-SIGKILL grace when the supervisor stops a hung stream"
     )
+
+    @field_validator("on_fresh_checkpoint")
+    @classmethod
+    def _fresh_checkpoint(cls, value: str) -> str:
+        if value not in FRESH_CHECKPOINT_POLICIES:
+            raise ValueError(f"expected one of {', '.join(FRESH_CHECKPOINT_POLICIES)}, got {value!r}")
+        return value
+
+
+FRESH_CHECKPOINT_POLICIES = ("refuse", "resume_from_archive", "starting_offsets")
 
 
 class InfluxConfig(_Section):

@@ -140,3 +140,43 @@ def test_hourly_recompute_fails_while_a_crashed_batch_awaits_its_replay(spark, l
         assert json.loads(json.dumps(summary))["ok"]
     finally:
         stop_stream(config, timeout=60)
+
+
+@pytest.mark.timeout(1200)
+def test_lost_checkpoint_is_refused_then_resumed_from_the_archive(spark, local_stack, tmp_path) -> None:
+    """The stream dies right after archiving a batch (its MERGE may or may not have landed), then its checkpoint
+    is lost: a plain restart refuses; resuming from the archive counts every record exactly once."""
+    import shutil
+
+    prefix = f"lostcp{uuid.uuid4().hex[:6]}"
+    topic = f"{prefix}-orders"
+    config = write_config_file(isolated_config(local_stack, tmp_path / "data", prefix), tmp_path / "kdq.toml")
+    local_stack.kafka.create_topic(topic, partitions=2)
+    produce(config.kafka_bootstrap(), topic, [(i % 2, OK, W0 + i) for i in range(10)])
+    marker = tmp_path / "crashed"
+
+    def run_once(**env: str) -> int:
+        pid = start_stream(config, job_args=["--available-now"], extra_env=env)
+        return psutil.Process(pid).wait(timeout=300)
+
+    try:
+        assert run_once(KDQ_FAULT_POINT="after_archive", KDQ_FAULT_MARKER=str(marker)) == 137
+        assert len(_archived(spark, config, topic)) == 10
+        shutil.rmtree(config.checkpoints_dir / "speed_layer")
+
+        assert run_once() != 0
+        log = stream_process(config).log_tail(200)
+        assert "is new, but the raw archive" in log and "resume_from_archive" in log, log
+        assert len(_archived(spark, config, topic)) == 10, "a refused start reads nothing"
+
+        produce(config.kafka_bootstrap(), topic, [(i % 2, OK, W0 + 100 + i) for i in range(5)])
+        assert run_once(KDQ_STREAM__ON_FRESH_CHECKPOINT="resume_from_archive") == 0, stream_process(config).log_tail(60)
+        assert window_counts(spark, config, topic) == {(topic, W0, "valid"): 15}
+        assert _archived(spark, config, topic) == sorted([(0, o) for o in range(8)] + [(1, o) for o in range(7)])
+
+        # From now on the checkpoint exists again: a normal restart just continues.
+        produce(config.kafka_bootstrap(), topic, [(0, OK, W0 + 200)])
+        assert run_once() == 0
+        assert window_counts(spark, config, topic) == {(topic, W0, "valid"): 16}
+    finally:
+        stop_stream(config, timeout=60)
