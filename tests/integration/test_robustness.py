@@ -5,11 +5,13 @@ Each test names its scenario and runs against the real broker, Spark and Delta.
 
 from __future__ import annotations
 
+import argparse
 import json
 import uuid
 
 from confluent_kafka import Producer
 from pyspark.sql import functions as F
+from spark_jobs import reconcile
 
 from kdq.rules import load_rules
 from kdq.spark.speed_layer import SpeedLayer
@@ -140,3 +142,9 @@ def test_transactional_producer_that_aborts_is_counted_for_its_commits_only(spar
     archive = spark.read.format("delta").load(str(config.tables_dir / "raw_archive")).where(F.col("topic") == topic)
     archived = sorted(json.loads(r["value"])["n"] for r in archive.where(F.col("valid")).collect() if b"plain" not in r["value"])
     assert archived == list(range(50)) + [80, 81, 82, 83], "aborted records (50..79) must never be archived or counted"
+
+    # Reconciliation: the aborted records and the transaction markers occupy offsets no reader sees; they
+    # are holes, not gaps.
+    report = reconcile.run(spark, config, argparse.Namespace(topics=[topic], pattern=None, from_ms=None, to_ms=None))
+    assert report["ok"] and report["missing_offsets"] == 0, report["problems"]
+    assert sum(p.get("holes_without_records", 0) for p in report["partitions"]) >= 30 + 3

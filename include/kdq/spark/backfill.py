@@ -105,8 +105,12 @@ def resolve_ranges(
     topics: Sequence[str],
     start: str | int | dict | None = "earliest",
     end: str | int | dict | None = "latest",
+    stop_at_stream: bool = False,
 ) -> list[dict]:
     """Per partition: requested [start, end), Kafka's [earliest, latest), and the part Kafka no longer has.
+
+    ``stop_at_stream``: end no later than the stream's last committed micro-batch (what archive-from-Kafka
+    may load); the end of the stream's checkpoint is reported either way (``stream_passed``).
 
     ``start``/``end``: 'earliest'/'latest', a dict (or JSON text) like Spark's
     ``{"topic": {"0": 42}}`` (-2 earliest, -1 latest), or epoch millis (record time).
@@ -138,7 +142,10 @@ def resolve_ranges(
         s = _bound(start, topic, partition, low, high, by_time.get("start", {}))
         requested_end = min(_bound(end, topic, partition, low, high, by_time.get("end", {})), high)
         stream_passed = passed.get((topic, partition))
-        e = min(requested_end, stream_passed if stream_passed is not None else min(s, low))
+        if stop_at_stream:
+            e = min(requested_end, stream_passed if stream_passed is not None else min(s, low))
+        else:
+            e = requested_end
         ranges.append(
             {
                 "topic": topic,
@@ -239,7 +246,7 @@ def archive_from_kafka(
     ensure_tables(spark, config)
     ingest_ms = now_ms()
     names = list_topics(config, topics, pattern)
-    ranges = resolve_ranges(config, names, start, end)
+    ranges = resolve_ranges(config, names, start, end, stop_at_stream=True)
     records = read_kafka_range(spark, config, ranges)
     counts = {"read": 0, "loaded": 0, "skipped": 0}
     if records is not None:
