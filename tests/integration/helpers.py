@@ -120,6 +120,14 @@ def influx_points(config: Config, measurement: str) -> dict[int, tuple[int, int]
     return {t: (v, i) for t, v, i in series[0]["values"]} if series else {}
 
 
+def archived_offsets(spark, config: Config, topic: str) -> Counter:
+    """How often each (partition, offset) of ``topic`` is in the raw archive (exactly once: every value 1)."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("delta").load(str(config.tables_dir / "raw_archive")).where(F.col("topic") == topic)
+    return Counter((r["partition"], r["offset"]) for r in df.select("partition", "offset").collect())
+
+
 def window_counts(spark, config: Config, topic: str | None = None) -> dict[tuple[str, int, str], int]:
     from pyspark.sql import functions as F
 

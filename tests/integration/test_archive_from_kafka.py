@@ -14,7 +14,7 @@ from spark_jobs import archive_from_kafka, batch_recompute
 from kdq.rules import load_rules
 from kdq.spark.speed_layer import SpeedLayer
 from kdq.spark.writers import now_ms
-from tests.integration.helpers import W0, expected_counts, isolated_config, produce, window_counts
+from tests.integration.helpers import W0, archived_offsets, expected_counts, isolated_config, produce, window_counts
 from tests.integration.test_speed_layer_example import run_available_now
 
 
@@ -23,11 +23,6 @@ def _args(topics: list[str], starting: str = "earliest") -> argparse.Namespace:
         topics=topics, pattern=None, starting_offsets=starting, start_time=None,
         ending_offsets="latest", end_time=None, run_id=None,
     )
-
-
-def _archived(spark, config, topic: str) -> Counter:
-    df = spark.read.format("delta").load(str(config.tables_dir / "raw_archive")).where(F.col("topic") == topic)
-    return Counter((r["partition"], r["offset"]) for r in df.select("partition", "offset").collect())
 
 
 def test_archive_from_kafka_fills_a_gap_exactly_once(spark, local_stack, tmp_path) -> None:
@@ -40,21 +35,21 @@ def test_archive_from_kafka_fills_a_gap_exactly_once(spark, local_stack, tmp_pat
     produce(config.kafka_bootstrap(), topic, [(p, b'{"a":1}' if ok else b"{oops", ts) for p, ok, ts in sent])
     run_available_now(SpeedLayer(spark, config, load_rules(config.rules_dir)))
     every = Counter((p, o) for p in (0, 1) for o in range(10))
-    assert _archived(spark, config, topic) == every
+    assert archived_offsets(spark, config, topic) == every
     truth = expected_counts(topic, [(ts, ok) for _, ok, ts in sent])
     assert window_counts(spark, config, topic) == truth
 
     # A gap: partition 0's offsets 3..6 disappear from the archive.
     archive_path = config.tables_dir / "raw_archive"
     spark.sql(f"DELETE FROM delta.`{archive_path}` WHERE topic = '{topic}' AND partition = 0 AND offset BETWEEN 3 AND 6")
-    assert _archived(spark, config, topic) == every - Counter((0, o) for o in range(3, 7))
+    assert archived_offsets(spark, config, topic) == every - Counter((0, o) for o in range(3, 7))
 
     ingest_from = now_ms()
     report = archive_from_kafka.run(spark, config, _args([topic]))
     ingest_to = now_ms() + 1
     assert report["ok"] and report["missing_in_kafka"] == []
     assert (report["rows_read"], report["rows_loaded"], report["rows_skipped_already_archived"]) == (20, 4, 16)
-    assert _archived(spark, config, topic) == every, "every (topic, partition, offset) exactly once"
+    assert archived_offsets(spark, config, topic) == every, "every (topic, partition, offset) exactly once"
     archive = spark.read.format("delta").load(str(archive_path)).where(F.col("topic") == topic)
     loaded = archive.where(F.col("source") == "archive_from_kafka").collect()
     assert sorted((r["partition"], r["offset"], r["counted"]) for r in loaded) == [(0, o, False) for o in range(3, 7)]
@@ -64,7 +59,7 @@ def test_archive_from_kafka_fills_a_gap_exactly_once(spark, local_stack, tmp_pat
     # Running it again loads nothing.
     again = archive_from_kafka.run(spark, config, _args([topic]))
     assert (again["rows_loaded"], again["rows_skipped_already_archived"]) == (0, 20)
-    assert _archived(spark, config, topic) == every
+    assert archived_offsets(spark, config, topic) == every
 
     # The hourly recompute counts the loaded windows (source <> 'stream'): equal to the truth, no correction.
     summary = batch_recompute.run(
@@ -81,4 +76,4 @@ def test_archive_from_kafka_fills_a_gap_exactly_once(spark, local_stack, tmp_pat
     assert not gone["ok"]
     assert gone["missing_in_kafka"] == [{"topic": topic, "partition": 1, "from_offset": 0, "to_offset": 2}]
     assert gone["rows_loaded"] == 0 and gone["rows_read"] == 18
-    assert _archived(spark, config, topic) == every
+    assert archived_offsets(spark, config, topic) == every
