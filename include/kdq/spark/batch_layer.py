@@ -391,8 +391,8 @@ def stream_caught_up(spark: SparkSession, config: Config, end_ms: int) -> bool |
     or after ``end_ms``, or has committed (Spark's ``commits/<id>``). When this
     is false, rows may still arrive for the interval: run it again later.
     """
+    from kdq.checkpoint_offsets import speed_layer_checkpoint as checkpoint_dir
     from kdq.spark.ledger import BatchLedger
-    from kdq.spark.speed_layer import checkpoint_dir
 
     jvm = spark._jvm
     checkpoint = str(checkpoint_dir(config))

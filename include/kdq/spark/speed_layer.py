@@ -43,6 +43,7 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from kdq import batch_failures
 from kdq.batch_summary import merge_maxima, quarantine_sample, summarize
+from kdq.checkpoint_offsets import speed_layer_checkpoint
 from kdq.config import Config
 from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
 from kdq.metrics_topic import ensure_metrics_topic, metrics_producer, produce_counts
@@ -140,7 +141,7 @@ def stream_state_dir(config: Config) -> Path:
 
 
 def checkpoint_dir(config: Config) -> Path:
-    return config.checkpoints_dir / "speed_layer"
+    return speed_layer_checkpoint(config)
 
 
 def app_id_for(checkpoint: Path) -> str:
