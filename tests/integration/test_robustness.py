@@ -8,14 +8,15 @@ from __future__ import annotations
 import argparse
 import json
 import uuid
+from collections import Counter
 
 from confluent_kafka import Producer
 from pyspark.sql import functions as F
-from spark_jobs import reconcile
+from spark_jobs import archive_from_kafka, reconcile
 
 from kdq.rules import load_rules
 from kdq.spark.speed_layer import SpeedLayer
-from tests.integration.helpers import W0, isolated_config, produce, wait_for, window_counts
+from tests.integration.helpers import W0, archived_offsets, isolated_config, produce, wait_for, window_counts
 from tests.integration.test_speed_layer_example import run_available_now
 
 # Values that once failed whole micro-batches, or could: each must become one invalid count.
@@ -110,6 +111,17 @@ def test_record_whose_kafka_timestamp_spark_cannot_convert(spark, local_stack, t
     produce(config.kafka_bootstrap(), topic, [(1, ok, W0 + 6)])
     run_available_now(layer)
     assert window_counts(spark, config, topic)[(topic, W0, "valid")] == 4
+
+    # Archive-from-Kafka over the same range meets the same record and reads around Spark's source too.
+    archive_path = str(config.tables_dir / "raw_archive")
+    spark.sql(f"DELETE FROM delta.`{archive_path}` WHERE topic = '{topic}' AND partition = 0")
+    report = archive_from_kafka.run(
+        spark, config,
+        argparse.Namespace(topics=[topic], pattern=None, starting_offsets="earliest", start_time=None,
+                           ending_offsets="latest", end_time=None, run_id=None),
+    )
+    assert (report["rows_read"], report["rows_loaded"]) == (6, 3), report
+    assert archived_offsets(spark, config, topic) == Counter([(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)])
 
 
 def test_transactional_producer_that_aborts_is_counted_for_its_commits_only(spark, local_stack, tmp_path) -> None:

@@ -46,10 +46,11 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kdq.checkpoint_offsets import passed_offsets, speed_layer_checkpoint
+from kdq.checkpoint_offsets import OffsetRange, passed_offsets, speed_layer_checkpoint
 from kdq.config import Config
 from kdq.rules import RuleSet
 from kdq.spark import transforms
+from kdq.spark.kafka_fallback import KAFKA_SOURCE_SCHEMA, is_record_conversion_error, read_ranges
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import now_ms, retry_on_conflict
 from kdq.tables import RAW_ARCHIVE
@@ -250,7 +251,20 @@ def archive_from_kafka(
     records = read_kafka_range(spark, config, ranges)
     counts = {"read": 0, "loaded": 0, "skipped": 0}
     if records is not None:
-        counts = archive_records(spark, config, records, rules, ingest_ms, run_id)
+        try:
+            counts = archive_records(spark, config, records, rules, ingest_ms, run_id)
+        except Exception as exc:
+            # A record Spark's Kafka source cannot convert (an absurd Kafka timestamp) fails the whole read,
+            # as it would a stream batch: read the same ranges with the fallback reader instead (through the
+            # driver, so a large range needs the driver memory for it).
+            if not is_record_conversion_error(exc):
+                raise
+            todo = [OffsetRange(r["topic"], r["partition"], r["start"], r["end"]) for r in ranges if r["start"] < r["end"]]
+            log.warning("Spark's Kafka source could not convert a record; reading %d ranges directly", len(todo))
+            rows = read_ranges(config, todo)
+            counts = archive_records(
+                spark, config, spark.createDataFrame(rows, KAFKA_SOURCE_SCHEMA), rules, ingest_ms, run_id
+            )
     missing = [
         {"topic": r["topic"], "partition": r["partition"], "from_offset": r["missing_in_kafka"][0], "to_offset": r["missing_in_kafka"][1]}
         for r in ranges
