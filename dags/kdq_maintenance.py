@@ -5,7 +5,10 @@ Daily housekeeping of the Delta tables, on **closed partitions only** (older tha
 stream MERGEs into today's, and compacting them would make its MERGEs fail on conflicts):
 
 * `OPTIMIZE` of `raw_archive` (by `event_hour`) and `window_counts` (by `window_date`);
-* raw archive retention: rows of `event_hour` partitions older than `archive_retention_days` are deleted;
+* raw archive retention: rows of `event_hour` partitions older than `archive_retention_days` are first
+  *retired* (their counts go to `retired_counts`, which every later recompute adds), then deleted, so a
+  record arriving after its hour was deleted adds to the window's full count; skipped (with a log line)
+  while the stream has an uncommitted micro-batch from before the retirement instant;
 * `VACUUM ... RETAIN 168 HOURS` of every table (Delta's safe minimum, so no reader loses files).
 
 Checkpoint and metadata cleanup needs no task: the stream trims its own ledger and progress files,

@@ -57,6 +57,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
     from pyspark.sql import functions as F
 
     from kdq.spark import batch_layer as bl
+    from kdq.spark.retention import read_retired
     from kdq.spark.speed_layer import InfluxPushState
     from kdq.spark.tables import ensure_tables, table_path
     from kdq.spark.writers import now_ms
@@ -96,6 +97,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
         "scanned_late_rows": late_scan,
         "scanned_recompute": {"files": 0, "bytes": 0},
         "corrections": 0,
+        "reason_corrections": 0,
         "ok": True,
     }
     changed: list[dict] = []
@@ -104,8 +106,9 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
             "topic", F.timestamp_millis("ms").alias("window_start")
         )
         summary["scanned_recompute"] = bl.scan_stats(spark, bl.archive_rows_of(archive, windows_df))
-        new_counts = bl.recompute_counts(archive, windows_df, config.stream.window_seconds)
+        new_counts = bl.recompute_counts(archive, windows_df, config.stream.window_seconds, read_retired(spark, config))
         changed = bl.apply_corrections(spark, config, new_counts, run_id, interval, getattr(args, "reason", None) or "late_data")
+        summary["reason_corrections"] = bl.correct_interval_reasons(spark, config, archive, interval)
     summary["corrections"] = len(changed)
     summary["changes"] = [
         {"topic": r["topic"], "window_start_ms": r["window_start_ms"], "status": r["status"], "old": r["old_count"], "new": r["new_count"]}

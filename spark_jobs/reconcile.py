@@ -176,6 +176,7 @@ def count_mismatches(spark, config: Config, topics: list[str], from_ms: int | No
 
     from kdq.spark import transforms
     from kdq.spark.rebuild import range_dates, range_hours
+    from kdq.spark.retention import counts_with_retired, read_retired
     from kdq.spark.tables import table_path
     from kdq.tables import RAW_ARCHIVE, WINDOW_COUNTS
 
@@ -189,7 +190,11 @@ def count_mismatches(spark, config: Config, topics: list[str], from_ms: int | No
         )
         archive = archive.where(F.col("event_hour").isin(range_hours(from_ms, to_ms))).where(in_range)
         stored = stored.where(f"window_date IN ({', '.join(range_dates(from_ms, to_ms))})").where(in_range)
-    recomputed = transforms.count_windows(archive.drop("counted"), config.stream).select(
+    retired = read_retired(spark, config).where(F.col("topic").isin(topics))
+    if from_ms is not None:
+        retired = retired.where(F.col("event_hour").isin(range_hours(from_ms, to_ms))).where(in_range)
+    # Rows archive retention deleted count through their retired counts (kdq.spark.retention).
+    recomputed = counts_with_retired(transforms.one_row_per_record(archive), retired, retired, config.stream).select(
         "topic", "window_start", "status", F.col("count").alias("archive_count")
     )
     joined = (

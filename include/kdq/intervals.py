@@ -8,6 +8,11 @@ from datetime import UTC, datetime
 HOUR_MS = 3_600_000
 
 
+def batch_app_id(interval_start_ms: int) -> str:
+    """Delta idempotent-write app id of the batch layer's run for an interval (counts and summaries)."""
+    return f"kdq-batch-{int(interval_start_ms)}"
+
+
 def parse_time_ms(text: str) -> int:
     """Epoch millis (digits) or ISO-8601 (``2023-11-14T22:00:00Z``); an ISO time without a zone is UTC."""
     text = text.strip()

@@ -92,6 +92,25 @@ INVALID_REASONS = TableSpec(
     comment="Invalid-message increments per (topic, coarse window, reason); query the invalid_reason_counts view.",
 )
 
+RETIRED_COUNTS = TableSpec(
+    name="retired_counts",
+    columns=(
+        ("topic", "STRING"),
+        ("window_start", "TIMESTAMP"),
+        ("status", "STRING"),
+        ("count", "BIGINT"),
+        ("rules_version", "STRING"),
+        ("event_hour", "STRING"),
+        # The retirement covered this hour's archive rows ingested before this instant (and at or after
+        # the hour's previous retirement): kdq.spark.retention.
+        ("retired_before", "TIMESTAMP"),
+        ("retired_at", "TIMESTAMP"),
+    ),
+    # Archive retention deletes raw rows; the counts they made stay here, so a window that gets a
+    # late record after its hour was deleted is recomputed as retired + archived, never as a partial count.
+    comment="Valid/invalid counts of archive rows deleted by retention, per (topic, window, status) and retirement.",
+)
+
 # Views registered in every session next to the tables.
 VIEWS: tuple[tuple[str, str], ...] = (
     (
@@ -212,5 +231,6 @@ ALL_TABLES: tuple[TableSpec, ...] = (
     INVALID_REASONS,
     QUARANTINE,
     CORRECTIONS,
+    RETIRED_COUNTS,
     *SUMMARY_TABLES,
 )

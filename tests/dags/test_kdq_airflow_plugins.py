@@ -17,7 +17,7 @@ if str(PLUGINS_FOLDER) not in sys.path:
     sys.path.insert(0, str(PLUGINS_FOLDER))
 
 from kdq_airflow.defaults import START_DATE_ENV, kdq_default_args, kdq_start_date  # noqa: E402
-from kdq_airflow.maintenance import maintenance_statements  # noqa: E402
+from kdq_airflow.maintenance import maintenance_plan  # noqa: E402
 from kdq_airflow.stream import LockHeld, supervisor_lock  # noqa: E402
 from tests.conftest import make_config  # noqa: E402
 
@@ -55,34 +55,40 @@ def test_lock_of_a_dead_supervisor_is_taken_over(tmp_path: Path) -> None:
 
 def test_maintenance_touches_only_closed_partitions(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    statements = maintenance_statements(config, dt.date(2026, 11, 22), archive_retention_days=30)
-    optimize = [s for s in statements if s.startswith("OPTIMIZE")]
-    assert len(optimize) == 3
-    assert "event_hour < '2026-11-22-00'" in optimize[0]
-    assert "window_counts" in optimize[1] and "window_date < DATE'2026-11-22'" in optimize[1]
-    assert "summaries" in optimize[2] and "window_date < DATE'2026-11-22'" in optimize[2]
-    [delete] = [s for s in statements if s.startswith("DELETE")]
-    assert delete.endswith("WHERE event_hour < '2026-10-23-00'")
-    vacuums = [s for s in statements if s.startswith("VACUUM")]
+    steps = maintenance_plan(config, dt.date(2026, 11, 22), archive_retention_days=30)
+    optimize = [s for s in steps if s.action == "optimize"]
+    assert [(s.table, s.where) for s in optimize] == [
+        ("raw_archive", "event_hour < '2026-11-22-00'"),
+        ("window_counts", "window_date < DATE'2026-11-22'"),
+        ("summaries", "window_date < DATE'2026-11-22'"),
+    ]
+    [retire] = [s for s in steps if s.action == "retire"]
+    assert retire.table == "raw_archive" and retire.cutoff == dt.date(2026, 10, 23)
+    # Rows ingested before midnight of the day before the run (a day of margin for slow writers).
+    assert retire.retire_before_ms == int(dt.datetime(2026, 11, 21, tzinfo=dt.UTC).timestamp() * 1000)
+    assert "ingest_time < '2026-11-21T00:00:00+00:00'" in retire.describe()
+    vacuums = [s for s in steps if s.action == "vacuum"]
     from kdq.tables import ALL_TABLES
 
-    assert len(vacuums) == len(ALL_TABLES) and all(s.endswith("RETAIN 168 HOURS") for s in vacuums)
+    assert {s.table for s in vacuums} == {spec.name for spec in ALL_TABLES} and {s.retain_hours for s in vacuums} == {168}
+    # Retention comes after compaction and before the vacuum that removes the deleted files.
+    assert [s.action for s in steps].index("retire") == 3 and steps[-1].action == "vacuum"
 
 
 def test_a_summary_lateness_over_a_day_keeps_more_partitions_open(tmp_path: Path) -> None:
     config = make_config(tmp_path).with_summaries(
         [{"name": "lat", "topic": "ops", "value": "v", "window_seconds": 600, "allowed_lateness_seconds": 2 * 86400}]
     )
-    optimize = [s for s in maintenance_statements(config, dt.date(2026, 11, 22), 30) if s.startswith("OPTIMIZE")]
-    assert all("2026-11-21" in s for s in optimize), optimize
+    optimize = [s for s in maintenance_plan(config, dt.date(2026, 11, 22), 30) if s.action == "optimize"]
+    assert all("2026-11-21" in s.where for s in optimize), optimize
 
 
 def test_maintenance_rejects_unsafe_settings(tmp_path: Path) -> None:
     config = make_config(tmp_path)
     with pytest.raises(ValueError, match="vacuum_retain_hours"):
-        maintenance_statements(config, dt.date(2026, 11, 22), 30, vacuum_retain_hours=24)
+        maintenance_plan(config, dt.date(2026, 11, 22), 30, vacuum_retain_hours=24)
     with pytest.raises(ValueError, match="archive_retention_days"):
-        maintenance_statements(config, dt.date(2026, 11, 22), 0)
+        maintenance_plan(config, dt.date(2026, 11, 22), 0)
 
 
 def test_default_args_are_shared_and_overridable() -> None:

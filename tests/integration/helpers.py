@@ -144,6 +144,22 @@ def window_counts(spark, config: Config, topic: str | None = None) -> dict[tuple
     return {(r["topic"], r["w"], r["status"]): r["count"] for r in rows}
 
 
+def reason_counts(spark, config: Config, topic: str) -> dict[tuple[int, str], int]:
+    """``invalid_reasons`` of ``topic`` summed like the invalid_reason_counts view: (coarse window, reason) → count
+    (zero sums left out: a rebuild's adjustments can take a reason back to 0)."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("delta").load(str(config.tables_dir / "invalid_reasons")).where(F.col("topic") == topic)
+    rows = df.groupBy(F.unix_millis("window_start").alias("w"), "reason").agg(F.sum("count").alias("n")).collect()
+    return {(r["w"], r["reason"]): r["n"] for r in rows if r["n"]}
+
+
+def expected_reasons(records: list[tuple[int, str]], reasons_window_seconds: int = 60) -> dict[tuple[int, str], int]:
+    """records: (timestamp_ms, reason) of the invalid records → ground truth per coarse reasons window."""
+    size = reasons_window_seconds * 1000
+    return dict(Counter((ts // size * size, reason) for ts, reason in records))
+
+
 def expected_counts(topic: str, records: list[tuple[int, bool]]) -> dict[tuple[str, int, str], int]:
     """records: (timestamp_ms, valid) → ground truth with 1-second windows."""
     counter: Counter = Counter()

@@ -18,10 +18,12 @@ from kdq.spark.speed_layer import SpeedLayer
 from tests.integration.helpers import (
     W0,
     expected_counts,
+    expected_reasons,
     influx_points,
     isolated_config,
     latest_metrics,
     produce,
+    reason_counts,
     window_counts,
 )
 from tests.integration.test_speed_layer_example import run_available_now
@@ -95,6 +97,13 @@ def test_rule_change_rebuild_moves_counts_to_the_new_truth_once(spark, local_sta
     assert {r for _, _, r in reasons} == {"schema:/properties/amount/minimum"}
     assert {r["rules_version"] for r in archive.select("rules_version").distinct().collect()} == {new_version}
 
+    # invalid_reasons follows: the rebuild adjusted the reasons of the range's coarse windows.
+    minimum = "schema:/properties/amount/minimum"
+    assert summary["reason_corrections"] == 1
+    assert reason_counts(spark, config, topic) == expected_reasons([(ts, minimum) for _, a, ts in sent if a < 0]) == {
+        ((W0 - 20_000), minimum): 3
+    }
+
     # Pushed: the metrics topic and InfluxDB show the new truth for the changed windows.
     metrics = latest_metrics(config)
     for (t, w, status), n in truth.items():
@@ -107,6 +116,7 @@ def test_rule_change_rebuild_moves_counts_to_the_new_truth_once(spark, local_sta
     # A second rebuild of the same range changes nothing.
     again = rebuild_job.run(spark, config, _args(W0, W0 + 10_000, [topic], "rb-2"))
     assert again["corrections"] == 0 and again["version_only"] == 0 and again["archive_rows_updated"] == 0, again
+    assert again["reason_corrections"] == 0 and reason_counts(spark, config, topic) == {((W0 - 20_000), minimum): 3}
     assert window_counts(spark, config, topic) == truth
     n_corrections = spark.read.format("delta").load(str(config.tables_dir / "corrections")).where(F.col("topic") == topic).count()
     assert n_corrections == 4

@@ -20,6 +20,12 @@ interval, hourly):
    row per changed (topic, window, status), old → new.
 4. :func:`push_corrections` — absolute counts of the corrected windows to the
    metrics topic and InfluxDB (both fields).
+5. :func:`correct_interval_reasons` — the reasons of the interval's late invalid
+   rows into ``invalid_reasons`` (the stream appends those of the rows it counts).
+
+Windows whose oldest raw rows archive retention deleted count those rows
+through ``retired_counts`` (:mod:`kdq.spark.retention`): a late record adds
+to the full count, never replaces it with a partial one.
 
 :func:`influx_catch_up` re-pushes every window updated since the stream last
 failed to reach InfluxDB.
@@ -75,12 +81,21 @@ from pyspark.sql import functions as F
 
 from kdq.config import Config, StreamConfig
 from kdq.influx import InfluxSink, count_points
-from kdq.intervals import iso
+from kdq.intervals import batch_app_id, iso
 from kdq.metrics_topic import ensure_metrics_topic, produce_counts
 from kdq.spark import transforms
+from kdq.spark.retention import counts_with_retired
 from kdq.spark.tables import table_path
-from kdq.spark.writers import _date_literal, _ts_literal, idempotent_write, now_ms, retry_on_conflict
-from kdq.tables import CORRECTIONS, WINDOW_COUNTS
+from kdq.spark.writers import (
+    _date_literal,
+    _ts_literal,
+    append_reason_rows,
+    idempotent_write,
+    now_ms,
+    retry_on_conflict,
+    txn_version,
+)
+from kdq.tables import CORRECTIONS, INVALID_REASONS, WINDOW_COUNTS
 from kdq.windows import event_hour
 
 log = logging.getLogger("kdq.batch")
@@ -89,10 +104,6 @@ STATUSES = (transforms.VALID, transforms.INVALID)
 BATCH = "batch"
 STREAM_SOURCE = "stream"
 _DAY_MS = 86_400_000
-
-
-def batch_app_id(interval_start_ms: int) -> str:
-    return f"kdq-batch-{int(interval_start_ms)}"
 
 
 def _ts(ms: int):
@@ -172,34 +183,27 @@ def archive_rows_of(archive_df: DataFrame, windows_df: DataFrame, hours: Sequenc
     return transforms.one_row_per_record(rows)
 
 
-def recompute_counts(archive_df: DataFrame, windows_df: DataFrame, window_seconds: int) -> DataFrame:
+def recompute_counts(
+    archive_df: DataFrame, windows_df: DataFrame, window_seconds: int, retired: DataFrame | None = None
+) -> DataFrame:
     """Absolute (topic, window_start, window_end, status, count, rules_version) of the given windows.
 
     Counts every archived row of each window, whether the stream counted it
     or not, with the stream's own count transform: the archive carries the
     valid flag and window_start the shared classifier computed, so both
     layers agree by construction. Statuses with a zero count have no row.
+    With ``retired`` (the ``retired_counts`` table), rows archive retention
+    deleted count through their retired counts (:mod:`kdq.spark.retention`):
+    a late record for a retired window adds to its full count.
     """
-    rows = archive_rows_of(archive_df, windows_df).drop("counted")
-    return transforms.count_windows(rows, StreamConfig(window_seconds=window_seconds))
+    rows = archive_rows_of(archive_df, windows_df)
+    stream = StreamConfig(window_seconds=window_seconds)
+    if retired is None:
+        return transforms.count_windows(rows.drop("counted"), stream)
+    return counts_with_retired(rows, retired, windows_df, stream)
 
 
 # -- Delta side effects ----------------------------------------------------------------------------
-
-
-def txn_version(spark: SparkSession, path: str, app_id: str) -> int:
-    """The last idempotent-write version ``app_id`` committed to the table at ``path`` (-1: none).
-
-    Read from the Delta log's transaction actions, the same record Delta
-    checks to skip a write: there is no Python API for it, hence the JVM call.
-    """
-    jvm = spark._jvm
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    snapshot = delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
-    version = snapshot.transactions().get(app_id)
-    return int(version.get()) if version.isDefined() else -1
-
-
 
 
 def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[dict]:
@@ -472,6 +476,53 @@ def _apply_once(
         row["count"] = row["new_count"]
     log.info("interval %s..%s: %d corrections (version %d)", iso(interval[0]), iso(interval[1]), len(changed), version)
     return changed
+
+
+# -- invalid reasons ----------------------------------------------------------------------------------
+
+
+def reasons_marker(interval_start_ms: int) -> int:
+    """``batch_id`` of the batch layer's ``invalid_reasons`` rows for an interval: minus its start (the
+    stream's batch ids are never negative)."""
+    return -int(interval_start_ms)
+
+
+def late_reason_counts(archive_df: DataFrame, start_ms: int, end_ms: int, reasons_window_seconds: int) -> DataFrame:
+    """Reasons of the invalid rows ingested in [start, end) that the stream did not count (the rows
+    :func:`late_windows` picks), per (topic, coarse window, reason), each record once."""
+    rows = (
+        archive_df.where((F.col("ingest_time") >= _ts(start_ms)) & (F.col("ingest_time") < _ts(end_ms)))
+        .where(~F.col("counted") | (F.coalesce(F.col("source"), F.lit("")) != STREAM_SOURCE))
+    )
+    return transforms.reason_counts(transforms.one_row_per_record(rows), reasons_window_seconds)
+
+
+def correct_interval_reasons(spark: SparkSession, config: Config, archive_df: DataFrame, interval: tuple[int, int]) -> int:
+    """Bring ``invalid_reasons`` in line with the interval's late rows; returns the rows appended.
+
+    The stream appends reasons of the rows it counts; the rows it leaves to the batch layer get theirs
+    here, as increments marked :func:`reasons_marker`. Each late row belongs to exactly one interval (its
+    ingest time), and the increments are computed against what earlier runs of the same interval
+    appended, so a re-run appends nothing, and one that finds more rows (an archive-from-Kafka load)
+    appends only the difference. Delta's idempotent write (app id ``kdq-batch-reasons-<start>``) makes
+    two concurrent runs of one interval append once.
+    """
+    path = table_path(config, INVALID_REASONS)
+    app_id = f"kdq-batch-reasons-{int(interval[0])}"
+    marker = reasons_marker(interval[0])
+
+    def once() -> int:
+        version = txn_version(spark, path, app_id)
+        target = late_reason_counts(archive_df, *interval, config.stream.reasons_window_seconds)
+        current = (
+            spark.read.format("delta").load(path).where(F.col("batch_id") == marker)
+            .groupBy("topic", "window_start", "reason").agg(F.sum("count").alias("count"))
+        )
+        rows = [r.asDict() for r in transforms.reason_differences(target, current).collect()]
+        append_reason_rows(spark, config, rows, marker, app_id, version + 1)
+        return len(rows)
+
+    return retry_on_conflict(once, "invalid_reasons corrections")
 
 
 # -- reading back and pushing -------------------------------------------------------------------------

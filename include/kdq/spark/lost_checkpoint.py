@@ -89,6 +89,7 @@ def archive_resume_offsets(spark: SparkSession, config: Config) -> dict[str, dic
 def recount_last_ingest(spark: SparkSession, config: Config, run_id: str) -> int:
     """Recompute the windows of the archive's most recent micro-batch from the archive; returns corrections."""
     from kdq.spark import batch_layer as bl
+    from kdq.spark.retention import read_retired
 
     archive = _archive(spark, config)
     if archive is None:
@@ -99,7 +100,7 @@ def recount_last_ingest(spark: SparkSession, config: Config, run_id: str) -> int
     windows = archive.where(F.col("ingest_time") == F.timestamp_millis(F.lit(int(latest)))).select(
         "topic", "window_start"
     ).distinct()
-    counts = bl.recompute_counts(archive, windows, config.stream.window_seconds)
+    counts = bl.recompute_counts(archive, windows, config.stream.window_seconds, read_retired(spark, config))
     changed = bl.apply_corrections(spark, config, counts, run_id, (int(latest), int(latest) + 1), "lost_checkpoint")
     log.warning(
         "lost checkpoint: windows of the last archived micro-batch (ingest %s) recomputed from the archive: "

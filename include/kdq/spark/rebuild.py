@@ -24,7 +24,9 @@ computed with another rules version. A rebuild covers a window range
    version (no correction row: no number changed). Guarded by Delta's
    idempotent writes under app id ``kdq-rebuild-<from>-<to>``, the same
    protocol as :func:`kdq.spark.batch_layer.apply_corrections`.
-5. :func:`update_archive` — the archive rows whose classification changed
+5. :func:`correct_reasons` — ``invalid_reasons`` of the range's coarse
+   windows set to the reasons of the re-judged records (adjustment rows).
+6. :func:`update_archive` — the archive rows whose classification changed
    get the new ``event_time``, ``window_start``, ``event_hour``, ``valid``,
    ``reason`` and ``rules_version`` (a Delta MERGE on (topic, partition,
    offset) restricted to the range's ``event_hour`` partitions). This keeps
@@ -78,9 +80,10 @@ from kdq.intervals import HOUR_MS, iso
 from kdq.rules import RuleSet
 from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
+from kdq.spark.retention import read_retired, retired_hours
 from kdq.spark.tables import table_path
-from kdq.spark.writers import _date_literal, _ts_literal, retry_on_conflict
-from kdq.tables import CORRECTIONS, RAW_ARCHIVE, WINDOW_COUNTS
+from kdq.spark.writers import _date_literal, _ts_literal, append_reason_rows, retry_on_conflict
+from kdq.tables import CORRECTIONS, INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.windows import event_hour
 
 log = logging.getLogger("kdq.rebuild")
@@ -274,6 +277,50 @@ def apply_rebuild(
     retry_on_conflict(apply_once, "rebuild")
 
 
+def correct_reasons(
+    spark: SparkSession,
+    config: Config,
+    archive_df: DataFrame,
+    reclassified: DataFrame,
+    from_ms: int,
+    to_ms: int,
+    topics: Sequence[str] | None,
+) -> int:
+    """Set ``invalid_reasons`` of the rebuilt range to the reasons of the re-judged records; returns
+    the rows appended.
+
+    Per (topic, coarse reasons window overlapping [from, to), reason): the re-judged records of the
+    range plus the archived ones of the coarse windows' parts outside it, minus what the table sums
+    to, appended as adjustments (``batch_id`` NULL; a negative count takes back an old reason). A
+    re-run finds nothing to adjust; Delta's idempotent write (app id ``<rebuild app id>-reasons``)
+    makes two concurrent runs adjust once.
+    """
+    size = config.stream.reasons_window_seconds * 1000
+    lo, hi = from_ms // size * size, -(-to_ms // size) * size
+    path = table_path(config, INVALID_REASONS)
+    app_id = f"{rebuild_app_id(from_ms, to_ms)}-reasons"
+    coarse = (F.col("window_start") >= _ts(lo)) & (F.col("window_start") < _ts(hi)) & _topic_filter(topics)
+    in_range = (F.col("window_start") >= _ts(from_ms)) & (F.col("window_start") < _ts(to_ms))
+    edges = sorted(set(range_hours(lo, from_ms) if lo < from_ms else []) | set(range_hours(to_ms, hi) if to_ms < hi else []))
+    outside = transforms.one_row_per_record(
+        archive_df.where(F.col("event_hour").isin(edges)).where(coarse & ~in_range)
+    ).select("topic", "window_start", "valid", "reason")
+    records = reclassified.select("topic", "window_start", "valid", "reason").where(coarse).unionByName(outside)
+
+    def once() -> int:
+        version = bl.txn_version(spark, path, app_id)
+        target = transforms.reason_counts(records, config.stream.reasons_window_seconds)
+        current = (
+            spark.read.format("delta").load(path).where(coarse)
+            .groupBy("topic", "window_start", "reason").agg(F.sum("count").alias("count"))
+        )
+        rows = [r.asDict() for r in transforms.reason_differences(target, current).collect()]
+        append_reason_rows(spark, config, rows, None, app_id, version + 1)
+        return len(rows)
+
+    return retry_on_conflict(once, "invalid_reasons rebuild")
+
+
 def update_archive(
     spark: SparkSession,
     config: Config,
@@ -332,6 +379,14 @@ def rebuild(
 
     ensure_tables(spark, config)
     interval = (int(from_ms), int(to_ms))
+    gone = retired_hours(read_retired(spark, config), range_hours(from_ms, to_ms))
+    if gone:
+        # Rebuilding re-judges raw values; retention deleted these hours' values (their counts live on
+        # in retired_counts), so a rebuild would replace full counts with the judgement of what is left.
+        raise ValueError(
+            f"rebuild {iso(from_ms)}..{iso(to_ms)}: archive retention deleted raw records of {len(gone)} hour(s) "
+            f"in the range ({gone[0]} .. {gone[-1]}); rebuild a range after {gone[-1]} (UTC hour) instead"
+        )
     archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
     selected = rebuild_selection(archive, from_ms, to_ms, topics).persist()
     try:
@@ -340,6 +395,7 @@ def rebuild(
             counts, windows = rebuild_counts(spark, config, archive, selected, reclassified, from_ms, to_ms, topics)
             changed, version_only = _diff(spark, config, counts, windows, rules, from_ms, to_ms)
             apply_rebuild(spark, config, changed, version_only, run_id, interval)
+            reason_rows = correct_reasons(spark, config, archive, reclassified, from_ms, to_ms, topics)
             summary: dict[str, Any] = {
                 "run_id": run_id,
                 "from": iso(from_ms),
@@ -350,6 +406,7 @@ def rebuild(
                 "corrections": len(changed),
                 "rule_change": sum(1 for r in changed if r["reason"] == RULE_CHANGE),
                 "version_only": len(version_only),
+                "reason_corrections": reason_rows,
                 "changes": [
                     {k: r[k] for k in ("topic", "window_start_ms", "status", "old_count", "new_count", "reason")}
                     for r in changed[:100]

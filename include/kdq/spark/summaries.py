@@ -68,7 +68,7 @@ from pyspark.sql import functions as F
 from kdq.config import Config, SummaryConfig
 from kdq.rules import variant_path
 from kdq.spark.tables import table_path
-from kdq.spark.writers import _date_literal, _ts_literal, idempotent_write, retry_on_conflict
+from kdq.spark.writers import _date_literal, _ts_literal, idempotent_write, retry_on_conflict, txn_version
 from kdq.summaries import (
     MAX_ABS,
     MAX_STEPS,
@@ -535,12 +535,6 @@ def check_limits(config: Config, states: Mapping[tuple, Mapping]) -> None:
 # -- the speed layer -------------------------------------------------------------------------------------
 
 
-def txn_version(spark: SparkSession, path: str, app_id: str) -> int:
-    from kdq.spark.batch_layer import txn_version as version_of
-
-    return version_of(spark, path, app_id)
-
-
 def append_late_windows(
     spark: SparkSession, config: Config, rows: Sequence[Mapping], app_id: str, batch_id: int, ingest_ms: int
 ) -> None:
@@ -646,6 +640,23 @@ def _window_hours(config: Config, windows: Iterable[tuple[str, str, int]]) -> li
         size = config.summary(summary).window_seconds * 1000
         hours.update(event_hour(ms) for ms in range(w // HOUR_MS * HOUR_MS, w + size, HOUR_MS))
     return sorted(hours)
+
+
+def _without_retired_hours(
+    spark: SparkSession, config: Config, windows: Sequence[tuple[str, str, int]]
+) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+    """(windows whose archive hours are all whole, windows with an hour archive retention retired)."""
+    from kdq.spark.retention import read_retired, retired_hours
+
+    if not windows:
+        return list(windows), []
+    retired = set(retired_hours(read_retired(spark, config), _window_hours(config, windows)))
+    if not retired:
+        return list(windows), []
+    whole, kept = [], []
+    for window in windows:
+        (kept if retired.intersection(_window_hours(config, [window])) else whole).append(window)
+    return whole, kept
 
 
 def _wanted(spark: SparkSession, windows: Iterable[tuple[str, str, int]]) -> DataFrame:
@@ -892,7 +903,7 @@ def recompute_summaries(
     Idempotent: re-running an interval finds the states equal and writes
     nothing; the push re-sends every group this interval ever corrected.
     """
-    from kdq.spark.batch_layer import batch_app_id
+    from kdq.intervals import batch_app_id
     from kdq.spark.tables import ensure_tables
     from kdq.tables import RAW_ARCHIVE
 
@@ -902,6 +913,15 @@ def recompute_summaries(
     ensure_tables(spark, config)
     windows = late_summary_windows(spark, config, interval)
     result["late_windows"] = len(windows)
+    windows, kept = _without_retired_hours(spark, config, windows)
+    if kept:
+        # Summary states are not retired with the archive (kdq.spark.retention): recomputing these
+        # from what is left would replace a full state with a partial one, so the stored one stays.
+        log.warning(
+            "%d summary window(s) got late records after archive retention deleted their hours; "
+            "their stored states are kept (not recomputed): %s", len(kept), kept[:10],
+        )
+        result["retired_windows_kept"] = len(kept)
     if windows:
         archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
         new = recompute_states(spark, config, archive, windows)

@@ -253,5 +253,37 @@ def one_row_per_record(archived: DataFrame) -> DataFrame:
     return archived.withColumn("__copy", F.row_number().over(first)).where(F.col("__copy") == 1).drop("__copy")
 
 
+def reason_counts(rows: DataFrame, reasons_window_seconds: int) -> DataFrame:
+    """(topic, window_start, reason, count) of the invalid ``rows`` per coarse reasons window: the shape of
+    the ``invalid_reasons`` table (the stream sums the same in Python, :mod:`kdq.batch_summary`)."""
+    size = int(reasons_window_seconds) * 1000
+    return (
+        rows.where(~F.col("valid"))
+        .select(
+            "topic",
+            F.timestamp_millis(F.floor(F.unix_millis("window_start") / size) * size).alias("window_start"),
+            "reason",
+        )
+        .groupBy("topic", "window_start", "reason")
+        .agg(F.count("*").cast("bigint").alias("count"))
+    )
+
+
+def reason_differences(target: DataFrame, current: DataFrame) -> DataFrame:
+    """(topic, window_start_ms, reason, count) increments that turn ``current`` into ``target`` (both
+    (topic, window_start, reason, count)); only non-zero ones."""
+    return (
+        target.withColumnRenamed("count", "__target")
+        .join(current.withColumnRenamed("count", "__current"), ["topic", "window_start", "reason"], "full_outer")
+        .select(
+            "topic",
+            F.unix_millis("window_start").alias("window_start_ms"),
+            "reason",
+            (F.coalesce("__target", F.lit(0)) - F.coalesce("__current", F.lit(0))).cast("bigint").alias("count"),
+        )
+        .where(F.col("count") != 0)
+    )
+
+
 def union_all(frames: list[DataFrame]) -> DataFrame:
     return reduce(DataFrame.unionByName, frames)

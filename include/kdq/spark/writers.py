@@ -183,6 +183,14 @@ def append_reason_increments(
     spark: SparkSession, rows: Sequence[Mapping], config: Config, app_id: str, batch_id: int
 ) -> None:
     """Append (topic, window_start_ms, reason, count) increments once per (app id, batch)."""
+    append_reason_rows(spark, config, rows, batch_id, app_id, batch_id)
+
+
+def append_reason_rows(
+    spark: SparkSession, config: Config, rows: Sequence[Mapping], batch_id: int | None, app_id: str, version: int
+) -> None:
+    """Append (topic, window_start_ms, reason, count) rows to invalid_reasons with ``batch_id``, once per
+    (app id, version): the stream's per-batch increments and the batch layer's corrections."""
     if not rows:
         return
     df = spark.createDataFrame(
@@ -201,7 +209,7 @@ def append_reason_increments(
         .write.format("delta")
         .mode("append")
         .option("txnAppId", app_id)
-        .option("txnVersion", batch_id)
+        .option("txnVersion", int(version))
         .save(table_path(config, INVALID_REASONS))
     )
 
@@ -236,6 +244,19 @@ def append_quarantine(
         .option("txnVersion", batch_id)
         .save(table_path(config, QUARANTINE))
     )
+
+
+def txn_version(spark: SparkSession, path: str, app_id: str) -> int:
+    """The last idempotent-write version ``app_id`` committed to the table at ``path`` (-1: none).
+
+    Read from the Delta log's transaction actions, the same record Delta
+    checks to skip a write: there is no Python API for it, hence the JVM call.
+    """
+    jvm = spark._jvm
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    snapshot = delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+    version = snapshot.transactions().get(app_id)
+    return int(version.get()) if version.isDefined() else -1
 
 
 def now_ms() -> int:
