@@ -80,3 +80,17 @@ def test_archive_append_is_idempotent_and_checks_columns(spark, tmp_path) -> Non
         assert "raw_archive" in str(exc) and "counted" in str(exc)
     else:
         raise AssertionError("a frame without 'counted' must be rejected with the missing column named")
+
+
+def test_tables_work_under_a_data_dir_with_quotes_and_backticks(spark, tmp_path) -> None:
+    """No path reaches SQL text (issue 13, item 9): creating, registering and querying by name work
+    wherever the data directory is."""
+    from kdq.spark.tables import register_tables
+
+    config = make_config(tmp_path / "it's a `strange` dir", spark={"database": "kdq_odd_path"})
+    register_tables(spark, config)
+    batch = [{"topic": "orders", "window_start_ms": W0, "status": "valid", "count": 3, "rules_version": "v1"}]
+    merge_window_increments(spark, batch, config, "app", 0)
+    rows = spark.sql("SELECT topic, count FROM kdq_odd_path.window_counts").collect()
+    assert [(r["topic"], r["count"]) for r in rows] == [("orders", 3)]
+    assert (tmp_path / "it's a `strange` dir").is_dir()

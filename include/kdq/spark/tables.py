@@ -20,16 +20,20 @@ def qualified_name(config: Config, spec: TableSpec) -> str:
     return f"{config.spark.database}.{spec.name}"
 
 
-def _create_by_path(spec: TableSpec, path: str) -> str:
-    parts = [f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({spec.ddl_columns}) USING delta"]
+def _create_by_path(spark: SparkSession, spec: TableSpec, path: str) -> None:
+    """Create the table at ``path`` with Delta's builder API (no path or other config value in SQL text)."""
+    from delta.tables import DeltaTable
+
+    builder = DeltaTable.createIfNotExists(spark).location(path)
+    for name, sql_type in spec.columns:
+        builder = builder.addColumn(name, sql_type)
     if spec.partitioned_by:
-        parts.append(f"PARTITIONED BY ({', '.join(spec.partitioned_by)})")
+        builder = builder.partitionedBy(*spec.partitioned_by)
     if spec.comment:
-        parts.append("COMMENT '" + spec.comment.replace("'", "\\'") + "'")
-    if spec.properties:
-        props = ", ".join(f"'{k}' = '{v}'" for k, v in spec.properties)
-        parts.append(f"TBLPROPERTIES ({props})")
-    return " ".join(parts)
+        builder = builder.comment(spec.comment)
+    for key, value in spec.properties:
+        builder = builder.property(key, value)
+    builder.execute()
 
 
 def _retrying(action, attempts: int = 3) -> None:
@@ -52,7 +56,7 @@ def ensure_tables(spark: SparkSession, config: Config) -> None:
     for spec in ALL_TABLES:
         path = table_path(config, spec)
         if not DeltaTable.isDeltaTable(spark, path):
-            _retrying(lambda spec=spec, path=path: spark.sql(_create_by_path(spec, path)))
+            _retrying(lambda spec=spec, path=path: _create_by_path(spark, spec, path))
 
 
 def register_tables(spark: SparkSession, config: Config) -> None:
@@ -60,9 +64,12 @@ def register_tables(spark: SparkSession, config: Config) -> None:
     ensure_tables(spark, config)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {config.spark.database}")
     for spec in ALL_TABLES:
-        spark.sql(
-            f"CREATE TABLE IF NOT EXISTS {qualified_name(config, spec)} USING delta "
-            f"LOCATION '{table_path(config, spec)}'"
-        )
+        # The catalog API takes the path as a value, not as SQL text (a data_dir may hold any character).
+        if not spark.catalog.tableExists(qualified_name(config, spec)):
+            _retrying(
+                lambda spec=spec: spark.catalog.createTable(
+                    qualified_name(config, spec), path=table_path(config, spec), source="delta"
+                )
+            )
     for name, query in VIEWS:
         spark.sql(f"CREATE OR REPLACE VIEW {config.spark.database}.{name} AS {query.format(db=config.spark.database)}")
