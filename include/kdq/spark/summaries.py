@@ -100,10 +100,6 @@ _NUMERIC_TYPES = ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT")
 # -- shared transforms ---------------------------------------------------------------------------------
 
 
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def topic_condition(topic: Column, summary: SummaryConfig) -> Column:
     """The summary's topic: equality, or a whole-name RLIKE (Java regex) for ``re:`` topics."""
     if summary.is_pattern:
@@ -114,10 +110,11 @@ def topic_condition(topic: Column, summary: SummaryConfig) -> Column:
 def _summary_entry(summary: SummaryConfig, watermarks: Mapping[str, int] | None) -> Column:
     """One struct per (record, summary) when the record's topic is the summary's, else null."""
     size_ms = summary.window_seconds * 1000
-    value_path = _sql_string(variant_path(summary.value))
-    kind = F.expr(f"schema_of_variant(variant_get(__p, {value_path}))")
+    # Paths from the config reach Spark as values (Column API), never as SQL text.
+    value_path = variant_path(summary.value)
+    kind = F.schema_of_variant(F.variant_get(F.col("__p"), value_path, "variant"))
     is_number = kind.isin(*_NUMERIC_TYPES) | kind.startswith("DECIMAL")
-    x = F.when(is_number, F.expr(f"try_variant_get(__p, {value_path}, 'double')"))
+    x = F.when(is_number, F.try_variant_get(F.col("__p"), value_path, "double"))
     out_of_range = ~(F.abs(x) <= F.lit(MAX_ABS))  # also true for infinities and NaN
     if summary.step is not None:
         out_of_range = out_of_range | (F.abs(x) / F.lit(float(summary.step)) >= F.lit(float(MAX_STEPS)))
@@ -126,7 +123,7 @@ def _summary_entry(summary: SummaryConfig, watermarks: Mapping[str, int] | None)
         .when(~is_number, F.lit(NOT_NUMERIC))
         .when(out_of_range, F.lit(OUT_OF_RANGE))
     )
-    groups = [F.expr(f"try_variant_get(__p, {_sql_string(variant_path(path))}, 'string')") for path in summary.group_by]
+    groups = [F.try_variant_get(F.col("__p"), variant_path(path), "string") for path in summary.group_by]
     if summary.group_by:
         group_key = F.to_json(
             F.struct(*[g.alias(path) for path, g in zip(summary.group_by, groups, strict=True)]),
@@ -443,15 +440,13 @@ def read_states(spark: SparkSession, config: Config, windows: Iterable[tuple[str
         return {}
     dates = sorted({_date_literal(w) for _, _, w in wanted})
     starts = sorted({_ts_literal(w) for _, _, w in wanted})
-    names = ", ".join(_sql_string(s) for s in sorted({s for s, _, _ in wanted}))
-    topics = ", ".join(_sql_string(t) for t in sorted({t for _, t, _ in wanted}))
+    names = sorted({s for s, _, _ in wanted})
+    topics = sorted({t for _, t, _ in wanted})
     table = (
         spark.read.format("delta")
         .load(table_path(config, SUMMARIES))
-        .where(
-            f"window_date IN ({', '.join(dates)}) AND window_start IN ({', '.join(starts)}) "
-            f"AND summary IN ({names}) AND topic IN ({topics})"
-        )
+        .where(f"window_date IN ({', '.join(dates)}) AND window_start IN ({', '.join(starts)})")
+        .where(F.col("summary").isin(names) & F.col("topic").isin(topics))
         .select(
             "summary", "topic", F.unix_millis("window_start").alias("window_start_ms"), "group_key", "groups",
             "count", "sum", "sum_sq", "min", "max", "hist", "rejected",
