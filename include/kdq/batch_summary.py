@@ -66,15 +66,3 @@ def merge_maxima(before: Mapping[str, int], batch: Mapping[str, int]) -> dict[st
     for topic, ms in batch.items():
         after[topic] = max(ms, after.get(topic, ms))
     return after
-
-
-def quarantine_sample(candidates: Iterable[Mapping], per_group: int, reasons_window_seconds: int) -> list[dict]:
-    """At most ``per_group`` records per (topic, coarse window, reason), lowest (partition, offset) first."""
-    coarse_ms = reasons_window_seconds * 1000
-    kept: dict[tuple, list[dict]] = defaultdict(list)
-    for row in sorted(candidates, key=lambda r: (r["topic"], r["partition"], r["offset"])):
-        coarse = int(row["window_start_ms"]) // coarse_ms * coarse_ms
-        group = kept[(row["topic"], coarse, row["reason"])]
-        if len(group) < per_group:
-            group.append({**row, "window_start_ms": coarse})
-    return [row for rows in kept.values() for row in rows]

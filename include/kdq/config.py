@@ -53,6 +53,15 @@ class PathsConfig(_Section):
     rules_dir: Path = Path("config/rules")
     jars_dir: Path = Path(".cache/jars")
 
+    @field_validator("data_dir")
+    @classmethod
+    def _no_backtick(cls, value: Path) -> Path:
+        # Delta names a path-based table delta.`<path>` internally and parses that back: a backtick in the
+        # path breaks table creation deep inside a job, so it is refused here, at start.
+        if "`" in str(value):
+            raise ValueError(f"a backtick cannot appear in the data directory (Delta table paths), got {str(value)!r}")
+        return value
+
 
 class KafkaConfig(_Section):
     bootstrap_servers: str = Field(

@@ -111,29 +111,28 @@ RETIRED_COUNTS = TableSpec(
     comment="Valid/invalid counts of archive rows deleted by retention, per (topic, window, status) and retirement.",
 )
 
-# Views registered in every session next to the tables.
+# Views registered in every session next to the tables; {db}, {coarse_ms} (stream.reasons_window_seconds
+# in millis) and {per_window} (stream.quarantine_per_window) are filled in from the typed config.
 VIEWS: tuple[tuple[str, str], ...] = (
     (
         "invalid_reason_counts",
         "SELECT topic, window_start, reason, SUM(count) AS count, MAX(updated_at) AS updated_at "
         "FROM {db}.invalid_reasons GROUP BY topic, window_start, reason",
     ),
-)
-
-QUARANTINE = TableSpec(
-    name="quarantine",
-    columns=(
-        ("topic", "STRING"),
-        ("partition", "INT"),
-        ("offset", "BIGINT"),
-        ("window_start", "TIMESTAMP"),
-        ("reason", "STRING"),
-        ("value_preview", "STRING"),
-        ("value_bytes", "BIGINT"),
-        ("ingest_time", "TIMESTAMP"),
-        ("batch_id", "BIGINT"),
+    # Examples of invalid messages: the first (partition, offset) ones per topic, reasons window and reason,
+    # read from the raw archive (which holds every record once) instead of a copy written per micro-batch.
+    # event_hour is in the sample's partitioning (a reasons window never spans two hours), so a filter on
+    # topic or event_hour prunes the archive's partitions before the ranking.
+    (
+        "invalid_samples",
+        "SELECT topic, partition, offset, window_start, reason, value_preview, value_bytes, ingest_time, batch_id, "
+        "event_hour FROM (SELECT topic, partition, offset, "
+        "timestamp_millis(div(unix_millis(window_start), {coarse_ms}) * {coarse_ms}) AS window_start, reason, "
+        "substring(CAST(value AS STRING), 1, 512) AS value_preview, CAST(length(value) AS BIGINT) AS value_bytes, "
+        "ingest_time, batch_id, event_hour, row_number() OVER (PARTITION BY topic, event_hour, "
+        "div(unix_millis(window_start), {coarse_ms}), reason ORDER BY partition, offset) AS sample_rank "
+        "FROM {db}.raw_archive WHERE NOT valid) WHERE sample_rank <= {per_window}",
     ),
-    comment="A bounded sample of invalid messages per topic and coarse window, with reasons.",
 )
 
 CORRECTIONS = TableSpec(
@@ -229,7 +228,6 @@ ALL_TABLES: tuple[TableSpec, ...] = (
     RAW_ARCHIVE,
     WINDOW_COUNTS,
     INVALID_REASONS,
-    QUARANTINE,
     CORRECTIONS,
     RETIRED_COUNTS,
     *SUMMARY_TABLES,

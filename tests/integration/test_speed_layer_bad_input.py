@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 
 from kdq.rules import load_rules
 from kdq.spark.speed_layer import SpeedLayer
+from kdq.spark.tables import register_tables
 from tests.integration.helpers import W0, isolated_config, produce, window_counts
 from tests.integration.test_speed_layer_example import run_available_now
 
@@ -122,9 +123,14 @@ def test_every_kind_of_bad_input_gets_its_reason(spark, local_stack, tmp_path) -
         .where(F.col("topic") == topic).groupBy("reason").agg(F.sum("count").alias("count")).collect()
     }
     assert reasons["bad_timestamp"] == 3 and reasons["not_json"] == 2 and sum(reasons.values()) == expected_invalid
-    quarantine = spark.read.format("delta").load(str(config.tables_dir / "quarantine")).where(F.col("topic") == topic)
-    assert quarantine.count() == expected_invalid
-    assert quarantine.where(F.col("reason") == "too_large").first()["value_bytes"] > 5 * 1024 * 1024
+    # The invalid_samples view over the archive: every invalid record here (fewer than 20 per reason).
+    # (registered under a database of this test's own: the session's catalog outlives each test)
+    own = config.model_copy(update={"spark": config.spark.model_copy(update={"database": "kdq_bad_input"})})
+    register_tables(spark, own)
+    samples = spark.table("kdq_bad_input.invalid_samples").where(F.col("topic") == topic)
+    assert samples.count() == expected_invalid
+    assert samples.where(F.col("reason") == "too_large").first()["value_bytes"] > 5 * 1024 * 1024
+    assert {r["reason"] for r in samples.collect()} == {reason for _, reason in cases if reason is not None}
 
     normal_counts = window_counts(spark, config, normal)
     assert sum(normal_counts.values()) == 6 and all(k[2] == "valid" for k in normal_counts)

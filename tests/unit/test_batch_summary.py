@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kdq.batch_summary import merge_maxima, quarantine_sample, summarize
+from kdq.batch_summary import merge_maxima, summarize
 
 W0 = 1_700_000_000_000
 
@@ -49,14 +49,3 @@ def test_summarize_splits_counted_late_and_reasons() -> None:
 
 def test_watermarks_only_move_forward() -> None:
     assert merge_maxima({"a": 10, "b": 5}, {"a": 7, "c": 1}) == {"a": 10, "b": 5, "c": 1}
-
-
-def test_quarantine_sample_is_bounded_per_group() -> None:
-    candidates = [
-        {"topic": "t", "partition": p, "offset": o, "window_start_ms": W0 + o, "reason": "not_json",
-         "value_preview": "x", "value_bytes": 1}
-        for p in range(2) for o in range(10)
-    ]
-    sample = quarantine_sample(candidates, per_group=3, reasons_window_seconds=60)
-    assert [(r["partition"], r["offset"]) for r in sample] == [(0, 0), (0, 1), (0, 2)]
-    assert {r["window_start_ms"] for r in sample} == {W0 // 60_000 * 60_000}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pyspark.sql import functions as F
 
 from kdq.spark.tables import ensure_tables
@@ -82,15 +83,49 @@ def test_archive_append_is_idempotent_and_checks_columns(spark, tmp_path) -> Non
         raise AssertionError("a frame without 'counted' must be rejected with the missing column named")
 
 
-def test_tables_work_under_a_data_dir_with_quotes_and_backticks(spark, tmp_path) -> None:
+def test_tables_work_under_a_data_dir_with_quotes_and_spaces(spark, tmp_path) -> None:
     """No path reaches SQL text (issue 13, item 9): creating, registering and querying by name work
-    wherever the data directory is."""
+    wherever the data directory is; the one character Delta cannot take (a backtick) fails at start."""
+    from kdq.config import ConfigError
     from kdq.spark.tables import register_tables
 
-    config = make_config(tmp_path / "it's a `strange` dir", spark={"database": "kdq_odd_path"})
+    config = make_config(tmp_path / "it's a \"strange\" dir", spark={"database": "kdq_odd_path"})
     register_tables(spark, config)
     batch = [{"topic": "orders", "window_start_ms": W0, "status": "valid", "count": 3, "rules_version": "v1"}]
     merge_window_increments(spark, batch, config, "app", 0)
     rows = spark.sql("SELECT topic, count FROM kdq_odd_path.window_counts").collect()
     assert [(r["topic"], r["count"]) for r in rows] == [("orders", 3)]
-    assert (tmp_path / "it's a `strange` dir").is_dir()
+    assert (tmp_path / "it's a \"strange\" dir" / "delta" / "window_counts" / "_delta_log").is_dir()
+    with pytest.raises(ConfigError, match="backtick"):
+        make_config(tmp_path / "a `quoted` dir")
+
+
+def test_invalid_samples_view_keeps_the_first_records_per_reason_window(spark, tmp_path) -> None:
+    """The samples of invalid messages are a view over the archive: per (topic, reasons window, reason),
+    the first ``stream.quarantine_per_window`` by (partition, offset), with a readable preview."""
+    from kdq.spark.tables import register_tables
+
+    config = make_config(tmp_path, spark={"database": "kdq_samples"}, stream={"quarantine_per_window": 3})
+    register_tables(spark, config)
+    rows = [("orders", p, o, b"{oops" + bytes([o]), False, "not_json", W0 + 1000 * o) for p in (1, 0) for o in range(10)]
+    rows += [("orders", 0, 100, b'{"ok":1}', True, None, W0), ("orders", 0, 101, b"\xff", False, "not_utf8", W0 + 70_000)]
+    df = spark.createDataFrame(rows, "topic STRING, partition INT, offset BIGINT, value BINARY, valid BOOLEAN, reason STRING, w BIGINT")
+    full = df.select(
+        "topic", "partition", "offset", "value", "valid", "reason",
+        F.lit(True).alias("counted"),
+        F.date_format(F.timestamp_millis("w"), "yyyy-MM-dd-HH").alias("event_hour"),
+        F.timestamp_millis("w").alias("kafka_timestamp"),
+        F.timestamp_millis("w").alias("event_time"),
+        F.timestamp_millis("w").alias("window_start"),
+        F.lit(None).cast("binary").alias("key"),
+        F.current_timestamp().alias("ingest_time"),
+        F.lit("none").alias("rules_version"),
+    )
+    append_archive(full, config, "app", 0, 0, "stream")
+    samples = spark.table("kdq_samples.invalid_samples").collect()
+    got = sorted((r["reason"], r["partition"], r["offset"], r["window_start"].timestamp() * 1000) for r in samples)
+    coarse = W0 // 60_000 * 60_000
+    assert got == [("not_json", 0, 0, coarse), ("not_json", 0, 1, coarse), ("not_json", 0, 2, coarse),
+                   ("not_utf8", 0, 101, coarse + 60_000)]
+    first = next(r for r in samples if r["offset"] == 0)
+    assert first["value_preview"].startswith("{oops") and first["value_bytes"] == 6

@@ -1,4 +1,4 @@
-"""The speed layer: Kafka → classify → (archive, window counts, reasons, quarantine, metrics topic, InfluxDB).
+"""The speed layer: Kafka → classify → (archive, window counts, reasons, metrics topic, InfluxDB).
 
 Design (why no Spark stateful aggregation): each micro-batch is aggregated on
 its own and its per-window *increments* are MERGEd into Delta under Delta's
@@ -14,9 +14,10 @@ until its commit is in the checkpoint):
 
 1. ledger row N (ingest time, per-topic watermarks) is read if it exists,
    else computed and appended: a replay classifies every record identically;
-2. raw archive append, invalid-reason increments append and quarantine sample
-   append, each guarded by (app id, N) as write options, on writer threads
-   while this thread runs steps 3 and 4;
+2. raw archive append and invalid-reason increments append, each guarded by
+   (app id, N) as write options, on writer threads while this thread runs
+   steps 3 and 4 (samples of invalid messages are a view over the archive,
+   ``invalid_samples``, not a third write);
 3. the window-count increments MERGE (and the summaries MERGE), guarded by the
    session-wide (app id, N);
 4. absolute counts of the changed windows are read back from Delta and sent
@@ -42,7 +43,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from kdq import batch_failures
-from kdq.batch_summary import merge_maxima, quarantine_sample, summarize
+from kdq.batch_summary import merge_maxima, summarize
 from kdq.checkpoint_offsets import speed_layer_checkpoint
 from kdq.config import Config
 from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
@@ -54,7 +55,6 @@ from kdq.spark.ledger import BatchLedger
 from kdq.spark.tables import ensure_tables
 from kdq.spark.writers import (
     append_archive,
-    append_quarantine,
     append_reason_increments,
     merge_window_increments,
     now_ms,
@@ -348,10 +348,7 @@ class SpeedLayer:
             # have landed when the process dies: the replay completes the rest.
             writes = [
                 self._submit(timings, "archive", self._append_archive, classified, batch_id, report.input_rows),
-                self._submit(
-                    timings, "reasons_quarantine", self._append_reasons_and_quarantine,
-                    classified, summary.reason_increments, batch_id, ingest_ms, report.invalid_rows,
-                ),
+                self._submit(timings, "reasons", self._append_reasons, summary.reason_increments, batch_id),
             ]
             increments = summary.window_increments
             merge_window_increments(self.spark, increments, self.config, self.app_id, batch_id)
@@ -485,17 +482,8 @@ class SpeedLayer:
         append_archive(classified, self.config, self.app_id, batch_id, batch_id, "stream")
         self.faults.maybe_crash("after_archive", batch_id, rows)
 
-    def _append_reasons_and_quarantine(
-        self, classified: DataFrame, reasons: list[dict], batch_id: int, ingest_ms: int, invalid_rows: int
-    ) -> None:
-        stream = self.config.stream
+    def _append_reasons(self, reasons: list[dict], batch_id: int) -> None:
         append_reason_increments(self.spark, reasons, self.config, self.app_id, batch_id)
-        if stream.quarantine_per_window and invalid_rows:
-            candidates = transforms.invalid_candidates(classified, stream.quarantine_per_window * 50).collect()
-            sample = quarantine_sample(
-                [r.asDict() for r in candidates], stream.quarantine_per_window, stream.reasons_window_seconds
-            )
-            append_quarantine(self.spark, sample, self.config, self.app_id, batch_id, ingest_ms)
 
     def close(self) -> None:
         """Flush and drop the metrics producer (its client threads would otherwise outlive the query)."""

@@ -71,5 +71,10 @@ def register_tables(spark: SparkSession, config: Config) -> None:
                     qualified_name(config, spec), path=table_path(config, spec), source="delta"
                 )
             )
+    values = {
+        "db": config.spark.database,  # a validated SQL identifier (kdq.config)
+        "coarse_ms": int(config.stream.reasons_window_seconds) * 1000,
+        "per_window": int(config.stream.quarantine_per_window),
+    }
     for name, query in VIEWS:
-        spark.sql(f"CREATE OR REPLACE VIEW {config.spark.database}.{name} AS {query.format(db=config.spark.database)}")
+        spark.sql(f"CREATE OR REPLACE VIEW {config.spark.database}.{name} AS {query.format(**values)}")

@@ -218,27 +218,6 @@ def count_windows(classified: DataFrame, stream: StreamConfig) -> DataFrame:
     )
 
 
-def invalid_candidates(classified: DataFrame, limit: int) -> DataFrame:
-    """Up to ``limit`` invalid records with a readable preview: the candidates for the quarantine sample.
-
-    A sample, not a copy (the archive holds every record), so the batch only
-    looks at a bounded number of rows, however many are invalid.
-    """
-    return (
-        classified.where(~F.col("valid"))
-        .select(
-            "topic",
-            "partition",
-            "offset",
-            F.unix_millis("window_start").alias("window_start_ms"),
-            "reason",
-            F.substring(F.expr("CAST(value AS STRING)"), 1, 512).alias("value_preview"),
-            F.coalesce(F.length("value"), F.lit(0)).cast("bigint").alias("value_bytes"),
-        )
-        .limit(limit)
-    )
-
-
 def one_row_per_record(archived: DataFrame) -> DataFrame:
     """Archive rows with each (topic, partition, offset) once: the copy archived first.
 

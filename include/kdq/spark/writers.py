@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 
 from kdq.config import Config
 from kdq.spark.tables import table_path
-from kdq.tables import INVALID_REASONS, QUARANTINE, RAW_ARCHIVE, WINDOW_COUNTS, TableSpec
+from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS, TableSpec
 
 log = logging.getLogger("kdq.writers")
 T = TypeVar("T")
@@ -211,38 +211,6 @@ def append_reason_rows(
         .option("txnAppId", app_id)
         .option("txnVersion", int(version))
         .save(table_path(config, INVALID_REASONS))
-    )
-
-
-def append_quarantine(
-    spark: SparkSession, rows: Sequence[Mapping], config: Config, app_id: str, batch_id: int, ingest_ms: int
-) -> None:
-    if not rows:
-        return
-    df = spark.createDataFrame(
-        [
-            (r["topic"], int(r["partition"]), int(r["offset"]), int(r["window_start_ms"]), r["reason"], r["value_preview"], int(r["value_bytes"]))
-            for r in rows
-        ],
-        "topic STRING, partition INT, offset BIGINT, window_start_ms BIGINT, reason STRING, value_preview STRING, value_bytes BIGINT",
-    )
-    (
-        df.select(
-            "topic",
-            "partition",
-            "offset",
-            F.timestamp_millis("window_start_ms").alias("window_start"),
-            "reason",
-            "value_preview",
-            "value_bytes",
-            F.timestamp_millis(F.lit(ingest_ms)).alias("ingest_time"),
-            F.lit(batch_id).cast("bigint").alias("batch_id"),
-        )
-        .write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", batch_id)
-        .save(table_path(config, QUARANTINE))
     )
 
 
