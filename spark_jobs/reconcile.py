@@ -175,10 +175,10 @@ def count_mismatches(spark, config: Config, topics: list[str], from_ms: int | No
     from pyspark.sql import functions as F
 
     from kdq.spark import transforms
-    from kdq.spark.rebuild import range_dates, range_hours
     from kdq.spark.retention import counts_with_retired, read_retired
     from kdq.spark.tables import table_path
     from kdq.tables import RAW_ARCHIVE, WINDOW_COUNTS
+    from kdq.windows import range_dates, range_hours
 
     if not topics:
         return 0, []

@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
+HOUR_MS = 3_600_000
+DAY_MS = 86_400_000
+
 
 def window_start_ms(event_ms: int, size_seconds: int) -> int:
     size = size_seconds * 1000
@@ -31,6 +34,20 @@ def is_late(window_start: int, size_seconds: int, max_event_ms: int | None, allo
 def event_hour(window_start: int) -> str:
     """The raw archive's partition value for a window (UTC hour)."""
     return datetime.fromtimestamp(window_start / 1000, tz=UTC).strftime("%Y-%m-%d-%H")
+
+
+def range_hours(from_ms: int, to_ms: int) -> list[str]:
+    """``event_hour`` partition values of every window starting in [from, to)."""
+    first = from_ms // HOUR_MS * HOUR_MS
+    return [event_hour(ms) for ms in range(first, to_ms, HOUR_MS)]
+
+
+def range_dates(from_ms: int, to_ms: int) -> list[str]:
+    """``window_date`` literals (``DATE'...'``) of every window starting in [from, to)."""
+    from kdq.sql_literals import date_literal
+
+    first = from_ms // DAY_MS * DAY_MS
+    return [date_literal(ms) for ms in range(first, to_ms, DAY_MS)]
 
 
 def subscribe_pattern(include: str, exclude: str, always_excluded: tuple[str, ...] = ()) -> str:

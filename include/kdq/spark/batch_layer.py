@@ -87,23 +87,21 @@ from kdq.spark import transforms
 from kdq.spark.retention import counts_with_retired
 from kdq.spark.tables import table_path
 from kdq.spark.writers import (
-    _date_literal,
-    _ts_literal,
     append_reason_rows,
     idempotent_write,
     now_ms,
     retry_on_conflict,
     txn_version,
 )
+from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import CORRECTIONS, INVALID_REASONS, WINDOW_COUNTS
-from kdq.windows import event_hour
+from kdq.windows import DAY_MS, event_hour
 
 log = logging.getLogger("kdq.batch")
 
 STATUSES = (transforms.VALID, transforms.INVALID)
 BATCH = "batch"
 STREAM_SOURCE = "stream"
-_DAY_MS = 86_400_000
 
 
 def _ts(ms: int):
@@ -223,7 +221,7 @@ def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[di
     try:
         windows = new.select("topic", "window_start", "window_end").distinct()
         days = windows.select(
-            (F.unix_millis("window_start") / _DAY_MS).cast("bigint").alias("d"),
+            (F.unix_millis("window_start") / DAY_MS).cast("bigint").alias("d"),
             F.unix_millis("window_start").alias("ms"),
         ).groupBy("d").agg(F.min("ms").alias("lo"), F.max("ms").alias("hi"))
         spans = days.collect()
@@ -233,8 +231,8 @@ def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[di
         # written per micro-batch with narrow window_start ranges, so Delta skips
         # the rest of the day instead of reading every window of it.
         in_spans = " OR ".join(
-            f"(window_date = {_date_literal(r['d'] * _DAY_MS)} "
-            f"AND window_start BETWEEN {_ts_literal(r['lo'])} AND {_ts_literal(r['hi'])})"
+            f"(window_date = {date_literal(r['d'] * DAY_MS)} "
+            f"AND window_start BETWEEN {timestamp_literal(r['lo'])} AND {timestamp_literal(r['hi'])})"
             for r in sorted(spans, key=lambda r: r["d"])
         )
         statuses = spark.createDataFrame([(s,) for s in STATUSES], "status STRING")
@@ -246,7 +244,7 @@ def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[di
         current = (
             spark.read.format("delta")
             .load(table_path(config, WINDOW_COUNTS))
-            .where(f"window_date IN ({', '.join(_date_literal(r['d'] * _DAY_MS) for r in spans)})")
+            .where(f"window_date IN ({', '.join(date_literal(r['d'] * DAY_MS) for r in spans)})")
             .where(in_spans)
             .select("topic", "window_start", "status", F.col("count").alias("old_count"))
         )
@@ -358,12 +356,12 @@ def _merge_absolute(spark: SparkSession, config: Config, changed: Sequence[dict]
         "rules_version",
         F.to_date(F.timestamp_millis("window_start_ms")).alias("window_date"),
     )
-    dates = sorted({_date_literal(r["window_start_ms"]) for r in changed})
+    dates = sorted({date_literal(r["window_start_ms"]) for r in changed})
     lo = min(r["window_start_ms"] for r in changed)
     hi = max(r["window_start_ms"] for r in changed)
     condition = (
         f"t.window_date IN ({', '.join(dates)}) "
-        f"AND t.window_start BETWEEN {_ts_literal(lo)} AND {_ts_literal(hi)} "
+        f"AND t.window_start BETWEEN {timestamp_literal(lo)} AND {timestamp_literal(hi)} "
         "AND t.topic = s.topic AND t.window_start = s.window_start AND t.status = s.status"
     )
     target = DeltaTable.forPath(spark, table_path(config, WINDOW_COUNTS)).alias("t")
@@ -541,7 +539,7 @@ def window_values(spark: SparkSession, config: Config, windows: Iterable[tuple[s
     wanted = spark.createDataFrame(keys, "topic STRING, window_start_ms BIGINT").select(
         "topic", F.timestamp_millis("window_start_ms").alias("window_start")
     )
-    dates = sorted({_date_literal(ms) for _, ms in keys})
+    dates = sorted({date_literal(ms) for _, ms in keys})
     table = (
         spark.read.format("delta")
         .load(table_path(config, WINDOW_COUNTS))

@@ -76,37 +76,26 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config
-from kdq.intervals import HOUR_MS, iso
+from kdq.intervals import iso
 from kdq.rules import RuleSet
 from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
 from kdq.spark.retention import read_retired, retired_hours
 from kdq.spark.tables import table_path
-from kdq.spark.writers import _date_literal, _ts_literal, append_reason_rows, retry_on_conflict
+from kdq.spark.writers import append_reason_rows, retry_on_conflict
+from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import CORRECTIONS, INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
-from kdq.windows import event_hour
+from kdq.windows import range_dates, range_hours
 
 log = logging.getLogger("kdq.rebuild")
 
 REBUILD = "rebuild"
 RULE_CHANGE = "rule_change"
-_DAY_MS = 86_400_000
 _RECLASSIFIED = ("event_time", "window_start", "valid", "reason", "rules_version", "event_hour")
 
 
 def rebuild_app_id(from_ms: int, to_ms: int) -> str:
     return f"kdq-rebuild-{int(from_ms)}-{int(to_ms)}"
-
-
-def range_hours(from_ms: int, to_ms: int) -> list[str]:
-    """``event_hour`` partition values of every window starting in [from, to)."""
-    first = from_ms // HOUR_MS * HOUR_MS
-    return [event_hour(ms) for ms in range(first, to_ms, HOUR_MS)]
-
-
-def range_dates(from_ms: int, to_ms: int) -> list[str]:
-    first = from_ms // _DAY_MS * _DAY_MS
-    return [_date_literal(ms) for ms in range(first, to_ms, _DAY_MS)]
 
 
 def _ts(ms: int):
@@ -196,13 +185,13 @@ def _diff(
     keys = sorted(set(windows))
     new = {(r["topic"], int(r["w"]), r["status"]): (int(r["count"]), r["rules_version"]) for r in counts}
     wanted = spark.createDataFrame(keys, "topic STRING, w BIGINT").select("topic", F.timestamp_millis("w").alias("window_start"))
-    dates = sorted({_date_literal(w) for _, w in keys})
+    dates = sorted({date_literal(w) for _, w in keys})
     lo, hi = min(w for _, w in keys), max(w for _, w in keys)
     old_rows = (
         spark.read.format("delta")
         .load(table_path(config, WINDOW_COUNTS))
         .where(f"window_date IN ({', '.join(dates)})")
-        .where(f"window_start BETWEEN {_ts_literal(lo)} AND {_ts_literal(hi)}")
+        .where(f"window_start BETWEEN {timestamp_literal(lo)} AND {timestamp_literal(hi)}")
         .join(F.broadcast(wanted), ["topic", "window_start"], "left_semi")
         .select("topic", F.unix_millis("window_start").alias("w"), "status", "count", "rules_version")
         .collect()
@@ -347,7 +336,7 @@ def update_archive(
         return 0
     hours = ", ".join(f"'{h}'" for h in range_hours(from_ms, to_ms))
     condition = (
-        f"t.event_hour IN ({hours}) AND t.window_start >= {_ts_literal(from_ms)} AND t.window_start < {_ts_literal(to_ms)} "
+        f"t.event_hour IN ({hours}) AND t.window_start >= {timestamp_literal(from_ms)} AND t.window_start < {timestamp_literal(to_ms)} "
         "AND t.topic = s.topic AND t.partition = s.partition AND t.offset = s.offset"
     )
     retry_on_conflict(

@@ -48,7 +48,6 @@ from kdq.tables import RAW_ARCHIVE, RETIRED_COUNTS
 log = logging.getLogger("kdq.retention")
 
 RETENTION_APP_ID = "kdq-retention"
-_DAY_MS = 86_400_000
 
 
 def retirement_instant(today: dt.date) -> int:

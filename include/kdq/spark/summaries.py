@@ -68,7 +68,8 @@ from pyspark.sql import functions as F
 from kdq.config import Config, SummaryConfig
 from kdq.rules import variant_path
 from kdq.spark.tables import table_path
-from kdq.spark.writers import _date_literal, _ts_literal, idempotent_write, retry_on_conflict, txn_version
+from kdq.spark.writers import idempotent_write, retry_on_conflict, txn_version
+from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.summaries import (
     MAX_ABS,
     MAX_STEPS,
@@ -351,11 +352,11 @@ def _source(spark: SparkSession, config: Config, rows: Sequence[Mapping], update
 
 
 def _merge_condition(rows: Sequence[Mapping]) -> str:
-    dates = sorted({_date_literal(int(r["window_start_ms"])) for r in rows})
+    dates = sorted({date_literal(int(r["window_start_ms"])) for r in rows})
     lo = min(int(r["window_start_ms"]) for r in rows)
     hi = max(int(r["window_start_ms"]) for r in rows)
     return (
-        f"t.window_date IN ({', '.join(dates)}) AND t.window_start BETWEEN {_ts_literal(lo)} AND {_ts_literal(hi)} "
+        f"t.window_date IN ({', '.join(dates)}) AND t.window_start BETWEEN {timestamp_literal(lo)} AND {timestamp_literal(hi)} "
         "AND t.summary = s.summary AND t.topic = s.topic AND t.window_start = s.window_start AND t.group_key = s.group_key"
     )
 
@@ -438,8 +439,8 @@ def read_states(spark: SparkSession, config: Config, windows: Iterable[tuple[str
     wanted = set((s, t, int(w)) for s, t, w in windows)
     if not wanted:
         return {}
-    dates = sorted({_date_literal(w) for _, _, w in wanted})
-    starts = sorted({_ts_literal(w) for _, _, w in wanted})
+    dates = sorted({date_literal(w) for _, _, w in wanted})
+    starts = sorted({timestamp_literal(w) for _, _, w in wanted})
     names = sorted({s for s, _, _ in wanted})
     topics = sorted({t for _, t, _ in wanted})
     table = (

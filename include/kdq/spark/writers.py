@@ -20,7 +20,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
@@ -28,6 +27,7 @@ from pyspark.sql import functions as F
 
 from kdq.config import Config
 from kdq.spark.tables import table_path
+from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS, TableSpec
 
 log = logging.getLogger("kdq.writers")
@@ -76,14 +76,6 @@ def _require_columns(df: DataFrame, spec: TableSpec, required: Sequence[str]) ->
         raise ValueError(f"{spec.name}: input lacks columns {missing}; expected {list(required)}, got {df.columns}")
 
 
-def _ts_literal(ms: int) -> str:
-    return "TIMESTAMP'" + datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f") + "'"
-
-
-def _date_literal(ms: int) -> str:
-    return "DATE'" + datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d") + "'"
-
-
 def append_archive(df: DataFrame, config: Config, app_id: str, version: int, batch_id: int, source: str) -> None:
     """Append classified records to the raw archive exactly once per (app_id, version)."""
     _require_columns(df, RAW_ARCHIVE, ["topic", "partition", "offset", "valid", "reason", "counted", "event_hour"])
@@ -126,8 +118,8 @@ def merge_window_increments(
     lo = min(int(r["window_start_ms"]) for r in rows)
     hi = max(int(r["window_start_ms"]) for r in rows)
     condition = (
-        f"t.window_date BETWEEN {_date_literal(lo)} AND {_date_literal(hi)} "
-        f"AND t.window_start BETWEEN {_ts_literal(lo)} AND {_ts_literal(hi)} "
+        f"t.window_date BETWEEN {date_literal(lo)} AND {date_literal(hi)} "
+        f"AND t.window_start BETWEEN {timestamp_literal(lo)} AND {timestamp_literal(hi)} "
         "AND t.topic = s.topic AND t.window_start = s.window_start AND t.status = s.status"
     )
     from delta.tables import DeltaTable
@@ -163,8 +155,8 @@ def read_window_counts(spark: SparkSession, config: Config, keys: Sequence[tuple
         spark.read.format("delta")
         .load(table_path(config, WINDOW_COUNTS))
         .where(
-            f"window_date BETWEEN {_date_literal(lo)} AND {_date_literal(hi)} "
-            f"AND window_start BETWEEN {_ts_literal(lo)} AND {_ts_literal(hi)}"
+            f"window_date BETWEEN {date_literal(lo)} AND {date_literal(hi)} "
+            f"AND window_start BETWEEN {timestamp_literal(lo)} AND {timestamp_literal(hi)}"
         )
         .where(F.col("topic").isin(topics))
     )
