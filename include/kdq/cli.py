@@ -16,7 +16,7 @@ from kdq.config import Config, ConfigError, load_config
 def _up(config: Config, args: argparse.Namespace) -> int:
     from kdq.stack.manager import LocalStack
 
-    statuses = LocalStack(config).up()
+    statuses = LocalStack(config, with_sql_endpoint=not args.no_sql_endpoint).up()
     for status in statuses:
         print(status.line())
     healthy = all(s.healthy for s in statuses)
@@ -175,9 +175,22 @@ def _job(config: Config, args: argparse.Namespace) -> int:
 
 
 def _sql(config: Config, args: argparse.Namespace) -> int:
-    from kdq.spark.session import build_session
+    """Through the running SQL endpoint (answers in about a second), else a Spark session of its own (a
+    JVM start, about a minute); stderr says which."""
+    from kdq.stack.sql_endpoint import running_endpoint
 
-    spark = build_session(config, app_name="kdq-sql")
+    endpoint = None if args.local else running_endpoint(config)
+    if endpoint is not None:
+        from pyspark.sql import SparkSession
+
+        print(f"kdq sql: through the SQL endpoint {endpoint.connect_url}", file=sys.stderr)
+        spark = SparkSession.builder.remote(endpoint.connect_url).getOrCreate()
+    else:
+        from kdq.spark.session import build_session
+
+        why = "--local" if args.local else "the SQL endpoint is not running (`kdq up` or `make run` start it)"
+        print(f"kdq sql: {why}; starting a local Spark session", file=sys.stderr)
+        spark = build_session(config, app_name="kdq-sql")
     try:
         for statement in args.statement:
             spark.sql(statement).show(args.limit, truncate=False)
@@ -249,13 +262,16 @@ def _run(config: Config, args: argparse.Namespace) -> int:
     # starting it in the background leaves SIGINT ignored; the handler is installed regardless.)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
-    stack = LocalStack(config)
+    stack = LocalStack(config, with_sql_endpoint=True)
     keep = False
     try:
         started = start_product(stack, shlex.split(args.demo_args or ""))
         if started is None:
             return 1
         print_banner(stack)
+        endpoint = stack.sql_endpoint
+        print(f"SQL endpoint: {endpoint.connect_url} (Spark Connect, `kdq sql`), {endpoint.jdbc_url} (beeline, JDBC)\n",
+              flush=True)
         if args.detach:
             keep = True
             return 0
@@ -278,9 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kdq", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="config file (default: $KDQ_CONFIG or kdq.toml)")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("up", help="start the local stack (Kafka, InfluxDB) and wait until healthy").set_defaults(
-        func=_up
-    )
+    up = commands.add_parser("up", help="start the local stack (Kafka, InfluxDB, SQL endpoint) and wait until healthy")
+    up.add_argument("--no-sql-endpoint", action="store_true", help="without the SQL endpoint (a Spark driver)")
+    up.set_defaults(func=_up)
     commands.add_parser("down", help="stop every local component").set_defaults(func=_down)
     commands.add_parser("status", help="each component with its address and health").set_defaults(func=_status)
     stream = commands.add_parser("stream", help="run the speed layer (spark-submit spark_jobs/stream_counts.py)")
@@ -363,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     sql = commands.add_parser("sql", help="run Spark SQL on the kdq tables (registered by name)")
     sql.add_argument("statement", nargs="+")
     sql.add_argument("--limit", type=int, default=50)
+    sql.add_argument("--local", action="store_true", help="a Spark session of its own, even when the SQL endpoint runs")
     sql.set_defaults(func=_sql)
     return parser
 

@@ -18,6 +18,7 @@ from kdq.stack.airflow import LocalAirflow
 from kdq.stack.influx import LocalInflux
 from kdq.stack.kafka import LocalKafka
 from kdq.stack.procs import free_port
+from kdq.stack.sql_endpoint import LocalSqlEndpoint
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ def _ports(config: Config) -> dict[str, int]:
         "influx_port": config.influxdb.local_port,
         "influx_rpc_port": config.influxdb.local_rpc_port,
         "airflow_port": int(os.environ.get(AIRFLOW_PORT_ENV) or 0),
+        "sql_connect_port": 0,
+        "sql_thrift_port": 0,
     }
     ports = {key: value or int(state.get(key) or 0) or free_port() for key, value in wanted.items()}
     if ports != {k: state.get(k) for k in ports}:
@@ -51,20 +54,29 @@ def _ports(config: Config) -> dict[str, int]:
 
 
 class LocalStack:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, with_sql_endpoint: bool = False) -> None:
+        """``with_sql_endpoint``: `up` also starts the always-on SQL endpoint (`kdq up`, `kdq run`); jobs and
+        tests that only need the broker and InfluxDB leave it out (it is a Spark driver of its own)."""
         self.config = config
+        self.with_sql_endpoint = with_sql_endpoint
         ports = _ports(config)
         self.kafka = LocalKafka(config, ports["kafka_port"], ports["kafka_controller_port"])
         self.influx = LocalInflux(config, ports["influx_port"], ports["influx_rpc_port"])
         # Started by `make run` (kdq run), not by `up`: the stack alone is what tests and jobs need.
         self.airflow = LocalAirflow(config, ports["airflow_port"])
+        self.sql_endpoint = LocalSqlEndpoint(config, ports["sql_connect_port"], ports["sql_thrift_port"])
 
     def up(self) -> list[ComponentStatus]:
         """Start what is not running and wait until healthy. Starting twice is harmless."""
+        if self.with_sql_endpoint:
+            # Its JVM and session start while the broker does; waited for below.
+            self.sql_endpoint.start(wait=False)
         self.kafka.start()
         self.kafka.create_topic(self.config.kafka.metrics_topic, partitions=3, config={"cleanup.policy": "compact"})
         if self.config.influxdb.enabled:
             self.influx.start()
+        if self.with_sql_endpoint:
+            self.sql_endpoint.wait()
         return self.status()
 
     def down(self) -> list[str]:
@@ -78,7 +90,7 @@ class LocalStack:
             stopped.append("airflow")
         if stop_stream(self.config):
             stopped.append("stream")
-        for name, component in (("influxdb", self.influx), ("kafka", self.kafka)):
+        for name, component in (("sql-endpoint", self.sql_endpoint), ("influxdb", self.influx), ("kafka", self.kafka)):
             if component.stop():
                 stopped.append(name)
         return stopped
@@ -104,6 +116,10 @@ class LocalStack:
             except Exception:
                 healthy = False
             result.append(ComponentStatus("airflow", self.airflow.url, True, healthy, f"login {AIRFLOW_USER} / {self.airflow.password()}"))
+        if self.sql_endpoint.process.running():
+            endpoint = self.sql_endpoint
+            result.append(ComponentStatus("sql", endpoint.connect_url, True, endpoint.healthy(),
+                                          f"Spark Connect; JDBC {endpoint.jdbc_url}"))
         from kdq.traffic import demo_process, read_stats
 
         if demo_process(self.config).running():

@@ -1,0 +1,105 @@
+"""The always-on SQL endpoint of the local stack (spark_jobs/sql_endpoint.py) as a managed process.
+
+One Spark driver in local mode, started through spark-submit with kdq's session conf (Delta, the same
+jars and settings as every job), serving Spark Connect and the Spark Thrift Server (HiveServer2) on
+loopback ports recorded in the stack state. Its ports open only once every kdq table is registered,
+so "port open" is the health check.
+"""
+
+from __future__ import annotations
+
+from kdq.config import Config
+from kdq.stack.procs import ManagedProcess, StackError, port_open, wait_until
+
+# Loopback only: locally there is no authentication (anyone on this machine may read the counts, as
+# they may read the Delta files). Each JDBC/Connect client gets its own session of the one driver
+# (singleSession false): SET and temporary views stay per client, tables and views are shared.
+ENDPOINT_CONF = {
+    "spark.connect.grpc.binding.address": "127.0.0.1",
+    # HiveServer2 reads its settings from the Hadoop conf the session builds (spark.hadoop.*).
+    "spark.hadoop.hive.server2.thrift.bind.host": "127.0.0.1",
+    "spark.hadoop.hive.server2.transport.mode": "binary",
+    "spark.sql.hive.thriftServer.singleSession": "false",
+}
+
+
+class LocalSqlEndpoint:
+    def __init__(self, config: Config, connect_port: int, thrift_port: int) -> None:
+        self.config = config
+        self.connect_port = connect_port
+        self.thrift_port = thrift_port
+        self.home = config.data_dir / "sql-endpoint"
+        self.process = ManagedProcess(
+            name="sql-endpoint",
+            pid_file=self.home / "sql-endpoint.pid",
+            log_file=self.home / "sql-endpoint.log",
+            # A conf only this process carries, unique per data folder (the stream's command line has the
+            # same warehouse dir).
+            marker=f"spark.kdq.sqlEndpoint.dataDir={config.data_dir}",
+        )
+
+    @property
+    def connect_url(self) -> str:
+        return f"sc://127.0.0.1:{self.connect_port}"
+
+    @property
+    def jdbc_url(self) -> str:
+        return f"jdbc:hive2://127.0.0.1:{self.thrift_port}/{self.config.spark.database}"
+
+    def healthy(self) -> bool:
+        return self.process.running() and port_open(self.connect_port) and port_open(self.thrift_port)
+
+    def command(self) -> list[str]:
+        from kdq.spark.submit import submit_command
+
+        command = submit_command(
+            self.config,
+            "sql_endpoint",
+            ["--connect-port", str(self.connect_port), "--thrift-port", str(self.thrift_port)],
+            app_name="kdq-sql-endpoint",
+        )
+        conf = {
+            **ENDPOINT_CONF,
+            "spark.connect.grpc.binding.port": str(self.connect_port),
+            "spark.hadoop.hive.server2.thrift.port": str(self.thrift_port),
+            "spark.kdq.sqlEndpoint.dataDir": str(self.config.data_dir),
+        }
+        extra = [part for key, value in conf.items() for part in ("--conf", f"{key}={value}")]
+        if "--jars" in command:
+            # The Thrift server's worker threads resolve classes (DeltaCatalog) through the system class
+            # loader, not the one --jars extends: the same jars go on the driver's class path too.
+            jars = command[command.index("--jars") + 1]
+            extra += ["--driver-class-path", jars.replace(",", ":")]
+        script = command.index(next(part for part in command if part.endswith("sql_endpoint.py")))
+        return [*command[:script], *extra, *command[script:]]
+
+    def start(self, timeout: float = 240.0, wait: bool = True) -> None:
+        """Start (no-op when running); with ``wait``, block until both ports answer or raise StackError."""
+        from kdq.stream_process import child_env
+
+        if not self.process.running():
+            for port in (self.connect_port, self.thrift_port):
+                if port_open(port):
+                    raise StackError(f"sql-endpoint: port {port} is already in use by another program")
+            self.home.mkdir(parents=True, exist_ok=True)
+            self.process.start(self.command(), env=child_env(self.config), cwd=self.config.base_dir)
+        if wait:
+            self.wait(timeout)
+
+    def wait(self, timeout: float = 240.0) -> None:
+        wait_until(self.healthy, timeout, "sql-endpoint", interval=0.5, alive=self.process.running,
+                   log=self.process.log_tail)
+
+    def stop(self) -> bool:
+        return self.process.stop(timeout=30)
+
+
+def running_endpoint(config: Config) -> LocalSqlEndpoint | None:
+    """The local stack's endpoint when it runs and answers, from the ports in the stack state (read only:
+    nothing is chosen or written here)."""
+    state = config.local_state()
+    connect_port, thrift_port = int(state.get("sql_connect_port") or 0), int(state.get("sql_thrift_port") or 0)
+    if not connect_port or not thrift_port:
+        return None
+    endpoint = LocalSqlEndpoint(config, connect_port, thrift_port)
+    return endpoint if endpoint.healthy() else None

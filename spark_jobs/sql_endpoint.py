@@ -1,0 +1,73 @@
+"""The always-on SQL endpoint: one Spark driver serving the kdq tables to SQL clients over the wire.
+
+    spark-submit spark_jobs/sql_endpoint.py [--config kdq.toml] --connect-port P [--thrift-port Q] [--host H]
+
+Two protocols from one session (one JVM, one copy of Delta's snapshot caches):
+
+* **Spark Connect** (gRPC, ``sc://host:P``): PySpark's ``SparkSession.builder.remote``, `kdq sql`;
+* **Spark Thrift Server** (HiveServer2 binary protocol, ``jdbc:hive2://host:Q/kdq``): beeline, JDBC
+  and ODBC clients, BI tools.
+
+Both servers start only after every table and view is registered in the ``kdq`` schema (the session
+factory creates missing tables first), so an open port means the names resolve: a client never sees a
+half-registered catalog, and a table the stream creates later is already there because all of them are
+created at start. Every client session is a new session over the same in-memory catalog (tables and
+views are shared; SET and temporary views are per client). Reads go through Delta's snapshot
+isolation: a query sees the last committed MERGE of the stream, never half of one.
+
+Runs until SIGTERM (``kdq down``), then stops both servers and the session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from collections.abc import Sequence
+
+from kdq.config import Config
+from kdq.jobs import run_main
+
+log = logging.getLogger("kdq.sql_endpoint")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sql_endpoint", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="kdq config file (default: $KDQ_CONFIG or kdq.toml)")
+    parser.add_argument("--host", default="127.0.0.1", help="address both servers bind to")
+    parser.add_argument("--connect-port", type=int, required=True, help="Spark Connect (gRPC) port")
+    parser.add_argument("--thrift-port", type=int, default=0, help="HiveServer2 port (0: no Thrift server)")
+    return parser.parse_args(argv)
+
+
+def serve(spark, config: Config, args: argparse.Namespace, stop: threading.Event | None = None) -> dict:
+    """Start the servers on the session (its tables registered), block until ``stop`` or SIGTERM."""
+    stop = stop or threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    jvm = spark.sparkContext._jvm
+    thrift = None
+    if args.thrift_port:
+        thrift = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
+            spark._jsparkSession.sqlContext()
+        )
+        log.info("Thrift server (HiveServer2) on %s:%d", args.host, args.thrift_port)
+    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
+    log.info("Spark Connect on sc://%s:%d", args.host, args.connect_port)
+    stop.wait()
+    log.info("stopping the SQL endpoint")
+    jvm.org.apache.spark.sql.connect.service.SparkConnectService.stop(
+        jvm.scala.Option.empty(), jvm.scala.Option.empty()
+    )
+    if thrift is not None:
+        thrift.stop()
+    return {"ok": True}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(argv, parse_args, serve, app_name="kdq-sql-endpoint")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
