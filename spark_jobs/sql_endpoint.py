@@ -24,6 +24,7 @@ import argparse
 import logging
 import signal
 import threading
+import time
 from collections.abc import Sequence
 
 from kdq.config import Config
@@ -41,12 +42,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def warm_up(spark, config: Config) -> None:
+    """One small aggregate over window_counts before the ports open: the first client query otherwise pays
+    for Delta's and Spark's class loading, code generation and the first log replay (measured: 15 s cold
+    vs 1 s warm on the 2-core machine). Only the last two days' partitions are read."""
+    started = time.monotonic()
+    spark.sql(
+        f"SELECT status, sum(count) FROM {config.spark.database}.window_counts "
+        "WHERE window_date >= date_sub(current_date(), 1) GROUP BY status"
+    ).collect()
+    log.info("warmed up in %.1f s", time.monotonic() - started)
+
+
 def serve(spark, config: Config, args: argparse.Namespace, stop: threading.Event | None = None) -> dict:
     """Start the servers on the session (its tables registered), block until ``stop`` or SIGTERM."""
     stop = stop or threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     jvm = spark.sparkContext._jvm
+    warm_up(spark, config)
     thrift = None
     if args.thrift_port:
         thrift = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(

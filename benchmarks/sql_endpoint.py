@@ -1,0 +1,160 @@
+"""Latency of the always-on SQL endpoint (issue 15): a day of 1-second window counts, the usual GROUP BY.
+
+    python -m benchmarks.sql_endpoint [--topics 3] [--runs 7] [--keep]
+
+Writes one day of ``window_counts`` (86,400 windows x topics x {valid, invalid}) with kdq's own writer
+(``merge_window_increments``, one MERGE per topic), starts the endpoint with the stack's code on a
+private data folder and free loopback ports, then times the query through both protocols:
+
+* Spark Connect: a client process (PySpark ``builder.remote``) runs it ``--runs`` times, wall clock
+  per query from the client's side (the first, cold one reported apart);
+* JDBC: one beeline session runs it ``--runs`` times; beeline's own "(x seconds)" per query.
+
+Results in ``benchmarks/results/sql_endpoint.{json,md}``. Run it while nothing else heavy runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.speed import write_config
+from kdq.config import Config, load_config
+
+PROJECT = Path(__file__).resolve().parents[1]
+RESULTS = PROJECT / "benchmarks" / "results"
+# Yesterday (UTC), as live data would be: the endpoint's warm-up reads the last two days.
+DAY_START_MS = (int(time.time() * 1000) // 86_400_000 - 1) * 86_400_000
+DAY_WINDOWS = 86_400
+QUERY = "SELECT topic, status, sum(count) AS n FROM kdq.window_counts GROUP BY topic, status ORDER BY topic, status"
+
+CLIENT = """
+import json, sys, time
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+times, rows = [], None
+for _ in range(int(sys.argv[3])):
+    started = time.perf_counter()
+    rows = [list(r) for r in spark.sql(sys.argv[2]).collect()]
+    times.append(time.perf_counter() - started)
+print(json.dumps({"seconds": times, "rows": rows}))
+"""
+
+
+def bench_config(work: Path) -> Config:
+    """Defaults only (no kdq.toml, no KDQ_* variables), data in ``work``; written to a file for the child."""
+    empty = work / "empty.toml"
+    empty.write_text("")
+    overrides = {"paths": {"data_dir": str(work / "data"), "jars_dir": str(PROJECT / ".cache" / "jars")}}
+    return write_config(load_config(path=empty, env={}, overrides=overrides), work / "kdq.toml")
+
+
+def write_day(config: Config, topics: list[str]) -> dict:
+    from kdq.spark.session import build_session
+    from kdq.spark.writers import merge_window_increments
+
+    spark = build_session(config, app_name="bench-sql-endpoint-write")
+    expected = {}
+    try:
+        started = time.monotonic()
+        for version, topic in enumerate(topics):
+            rows = [
+                {"topic": topic, "window_start_ms": DAY_START_MS + i * 1000, "status": status,
+                 "count": count, "rules_version": "bench"}
+                for i in range(DAY_WINDOWS)
+                for status, count in (("valid", 10 + i % 7), ("invalid", i % 3))
+            ]
+            merge_window_increments(spark, rows, config, "bench-sql-endpoint", version)
+            for status in ("invalid", "valid"):
+                expected[f"{topic}/{status}"] = sum(r["count"] for r in rows if r["status"] == status)
+        rows_written = spark.table("kdq.window_counts").count()
+        return {"rows": rows_written, "write_seconds": round(time.monotonic() - started, 1), "expected": expected}
+    finally:
+        spark.stop()
+
+
+def connect_timings(url: str, runs: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", CLIENT, url, QUERY, str(runs + 1)], capture_output=True, text=True,
+                          timeout=600, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"cold_seconds": result["seconds"][0], "seconds": result["seconds"][1:], "rows": result["rows"]}
+
+
+def jdbc_timings(url: str, runs: int) -> dict:
+    env = {"PATH": f"{PROJECT / '.venv' / 'bin'}:/usr/bin:/bin"}
+    script = "\n".join([f"{QUERY};"] * (runs + 1))
+    done = subprocess.run([str(PROJECT / ".venv" / "bin" / "beeline"), "-u", url, "-n", "kdq", "--outputformat=csv2",
+                           "-e", script], capture_output=True, text=True, timeout=600, env=env, check=True)
+    seconds = [float(s) for s in re.findall(r"rows? selected \(([\d.]+) seconds\)", done.stdout + done.stderr)]
+    return {"cold_seconds": seconds[0], "seconds": seconds[1:]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks.sql_endpoint", description=__doc__.splitlines()[0])
+    parser.add_argument("--topics", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--keep", action="store_true", help="keep the data folder (printed)")
+    args = parser.parse_args(argv)
+    from kdq.stack.manager import LocalStack
+
+    work = Path(tempfile.mkdtemp(prefix="kdq-bench-sql-"))
+    config = bench_config(work)
+    topics = [f"bench-sql-{i}" for i in range(args.topics)]
+    written = write_day(config, topics)
+    endpoint = LocalStack(config).sql_endpoint
+    try:
+        started = time.monotonic()
+        endpoint.start(timeout=300)
+        start_seconds = time.monotonic() - started
+        connect = connect_timings(endpoint.connect_url, args.runs)
+        jdbc = jdbc_timings(endpoint.jdbc_url, args.runs)
+    finally:
+        endpoint.stop()
+    got = {f"{t}/{s}": n for t, s, n in connect["rows"]}
+    assert got == written["expected"], (got, written["expected"])
+    report = {
+        "query": QUERY,
+        "window_counts_rows": written["rows"],
+        "topics": args.topics,
+        "endpoint_start_seconds": round(start_seconds, 1),
+        "spark_connect": {"cold_seconds": round(connect["cold_seconds"], 3),
+                          "median_seconds": round(statistics.median(connect["seconds"]), 3),
+                          "seconds": [round(s, 3) for s in connect["seconds"]]},
+        "jdbc_beeline": {"cold_seconds": jdbc["cold_seconds"], "median_seconds": statistics.median(jdbc["seconds"]),
+                         "seconds": jdbc["seconds"]},
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "sql_endpoint.json").write_text(json.dumps(report, indent=2) + "\n")
+    md = (
+        f"# SQL endpoint latency\n\n`{QUERY}` over {written['rows']:,} window_counts rows "
+        f"(one day of 1-second windows, {args.topics} topics x 2 statuses), written with merge_window_increments.\n\n"
+        "| client | first query (cold) | median of the next " f"{args.runs} |\n|---|---|---|\n"
+        f"| Spark Connect (PySpark remote) | {report['spark_connect']['cold_seconds']} s | "
+        f"{report['spark_connect']['median_seconds']} s |\n"
+        f"| JDBC (beeline, HiveServer2) | {report['jdbc_beeline']['cold_seconds']} s | "
+        f"{report['jdbc_beeline']['median_seconds']} s |\n\n"
+        f"Endpoint start (spark-submit to both ports open): {report['endpoint_start_seconds']} s; "
+        f"1-minute load average at the end: {report['load_average_1m_at_end']}.\n"
+    )
+    (RESULTS / "sql_endpoint.md").write_text(md)
+    print(md)
+    if args.keep:
+        print(f"data kept in {work}")
+    else:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
