@@ -116,10 +116,13 @@ class LocalStack:
             except Exception:
                 healthy = False
             result.append(ComponentStatus("airflow", self.airflow.url, True, healthy, f"login {AIRFLOW_USER} / {self.airflow.password()}"))
-        if self.sql_endpoint.process.running():
-            endpoint = self.sql_endpoint
-            result.append(ComponentStatus("sql", endpoint.connect_url, True, endpoint.healthy(),
-                                          f"Spark Connect; JDBC {endpoint.jdbc_url}"))
+        # Listed from its start until `down` (the pid file stays when it dies): a crashed endpoint shows
+        # as stopped, and `kdq status` fails, instead of disappearing from the list.
+        endpoint = self.sql_endpoint
+        if endpoint.process.pid_file.exists():
+            running = endpoint.process.running()
+            detail = f"Spark Connect; JDBC {endpoint.jdbc_url}" if running else f"log: {endpoint.process.log_file}"
+            result.append(ComponentStatus("sql", endpoint.connect_url, running, running and endpoint.healthy(), detail))
         from kdq.traffic import demo_process, read_stats
 
         if demo_process(self.config).running():

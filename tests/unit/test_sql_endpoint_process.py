@@ -1,0 +1,47 @@
+"""The SQL endpoint's process definition: its command line, where `kdq sql` looks for it, and how `kdq
+status` lists it when it died (no process is started here; tests/integration/test_sql_endpoint.py does)."""
+
+from __future__ import annotations
+
+import json
+
+from kdq.stack.manager import LocalStack
+from kdq.stack.sql_endpoint import running_endpoint
+from tests.conftest import make_config
+
+
+def test_command_binds_loopback_on_the_recorded_ports(tmp_path) -> None:
+    config = make_config(tmp_path)
+    stack = LocalStack(config)
+    endpoint = stack.sql_endpoint
+    state = json.loads(config.state_file.read_text())
+    assert (state["sql_connect_port"], state["sql_thrift_port"]) == (endpoint.connect_port, endpoint.thrift_port)
+    command = endpoint.command()
+    confs = {command[i + 1].split("=", 1)[0]: command[i + 1].split("=", 1)[1]
+             for i, part in enumerate(command) if part == "--conf"}
+    assert confs["spark.connect.grpc.binding.address"] == "127.0.0.1"
+    assert confs["spark.hadoop.hive.server2.thrift.bind.host"] == "127.0.0.1"
+    assert confs["spark.connect.grpc.binding.port"] == str(endpoint.connect_port)
+    assert confs["spark.hadoop.hive.server2.thrift.port"] == str(endpoint.thrift_port)
+    # kdq's own session conf (Delta) reaches the endpoint's session.
+    assert confs["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert any(endpoint.process.marker in part for part in command)
+    # Delta's classes on the driver class path as well (the Thrift server's threads need them).
+    assert "delta-spark" in command[command.index("--driver-class-path") + 1]
+    assert command[-5].endswith("sql_endpoint.py")
+    assert command[-4:] == ["--connect-port", str(endpoint.connect_port), "--thrift-port", str(endpoint.thrift_port)]
+
+
+def test_not_started_dead_and_unknown_endpoints(tmp_path) -> None:
+    config = make_config(tmp_path)
+    assert running_endpoint(config) is None  # no stack state at all
+    stack = LocalStack(config)
+    assert running_endpoint(config) is None  # ports recorded, nothing listening
+    assert "sql" not in [s.name for s in stack.status()]  # never started: not listed
+    endpoint = stack.sql_endpoint
+    endpoint.process.pid_file.parent.mkdir(parents=True)
+    endpoint.process.pid_file.write_text("999999999")  # started, then died (a pid file `down` did not remove)
+    sql = next(s for s in stack.status() if s.name == "sql")
+    assert not sql.running and not sql.healthy and "stopped" in sql.line()
+    assert not stack.sql_endpoint.stop()  # nothing to stop; the stale pid file goes
+    assert not endpoint.process.pid_file.exists()
