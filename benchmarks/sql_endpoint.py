@@ -1,6 +1,6 @@
 """Latency of the always-on SQL endpoint (issue 15): a day of 1-second window counts, the usual GROUP BY.
 
-    python -m benchmarks.sql_endpoint [--topics 3] [--runs 7] [--keep]
+    python -m benchmarks.sql_endpoint [--topics 3] [--runs 7] [--with-stream] [--keep]
 
 Writes one day of ``window_counts`` (86,400 windows x topics x {valid, invalid}) with kdq's own writer
 (``merge_window_increments``, one MERGE per topic), starts the endpoint with the stack's code on a
@@ -10,7 +10,11 @@ private data folder and free loopback ports, then times the query through both p
   per query from the client's side (the first, cold one reported apart);
 * JDBC: one beeline session runs it ``--runs`` times; beeline's own "(x seconds)" per query.
 
-Results in ``benchmarks/results/sql_endpoint.{json,md}``. Run it while nothing else heavy runs.
+``--with-stream``: the same while the speed layer runs beside the endpoint on a local stack (Kafka,
+InfluxDB) of its own, fed by ``kdq demo`` at 200 records/s (its MERGEs commit to the same
+``window_counts`` every trigger); timing starts once the stream's first counts are in the table.
+
+Results in ``benchmarks/results/sql_endpoint[_with_stream].{json,md}``.
 """
 
 from __future__ import annotations
@@ -97,10 +101,24 @@ def jdbc_timings(url: str, runs: int) -> dict:
     return {"cold_seconds": seconds[0], "seconds": seconds[1:]}
 
 
+def wait_for_stream_counts(url: str, timeout: float = 420.0) -> float:
+    """Seconds until the demo topics have rows in window_counts (read over the endpoint)."""
+    query = "SELECT count(*) FROM kdq.window_counts WHERE topic IN ('orders', 'payments')"
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        done = subprocess.run([sys.executable, "-c", CLIENT, url, query, "1"], capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode == 0 and json.loads(done.stdout.strip().splitlines()[-1])["rows"][0][0] > 0:
+            return time.monotonic() - started
+        time.sleep(5)
+    raise RuntimeError(f"no stream counts in window_counts after {timeout:.0f} s")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.sql_endpoint", description=__doc__.splitlines()[0])
     parser.add_argument("--topics", type=int, default=3)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--with-stream", action="store_true", help="measure while the speed layer runs")
     parser.add_argument("--keep", action="store_true", help="keep the data folder (printed)")
     args = parser.parse_args(argv)
     from kdq.stack.manager import LocalStack
@@ -109,22 +127,42 @@ def main(argv=None) -> int:
     config = bench_config(work)
     topics = [f"bench-sql-{i}" for i in range(args.topics)]
     written = write_day(config, topics)
-    endpoint = LocalStack(config).sql_endpoint
+    stack = LocalStack(config)
+    endpoint = stack.sql_endpoint
+    stream = {}
     try:
+        if args.with_stream:
+            assert all(s.healthy for s in stack.up()), "local stack not healthy"
         started = time.monotonic()
         endpoint.start(timeout=300)
         start_seconds = time.monotonic() - started
+        if args.with_stream:
+            from kdq.stream_process import start_stream
+            from kdq.traffic import start_demo
+
+            start_stream(config)
+            start_demo(config, ["--rate=200"])
+            stream["first_counts_after_seconds"] = round(wait_for_stream_counts(endpoint.connect_url), 1)
         connect = connect_timings(endpoint.connect_url, args.runs)
         jdbc = jdbc_timings(endpoint.jdbc_url, args.runs)
     finally:
+        if args.with_stream:
+            from kdq.stream_process import stop_stream
+            from kdq.traffic import stop_demo
+
+            stop_demo(config)
+            stop_stream(config)
+            stack.down()
         endpoint.stop()
-    got = {f"{t}/{s}": n for t, s, n in connect["rows"]}
+    got = {f"{t}/{s}": n for t, s, n in connect["rows"] if t in topics}
     assert got == written["expected"], (got, written["expected"])
     report = {
         "query": QUERY,
         "window_counts_rows": written["rows"],
         "topics": args.topics,
         "endpoint_start_seconds": round(start_seconds, 1),
+        "with_stream": args.with_stream,
+        **({"stream": stream, "result_rows": len(connect["rows"])} if args.with_stream else {}),
         "spark_connect": {"cold_seconds": round(connect["cold_seconds"], 3),
                           "median_seconds": round(statistics.median(connect["seconds"]), 3),
                           "seconds": [round(s, 3) for s in connect["seconds"]]},
@@ -133,10 +171,13 @@ def main(argv=None) -> int:
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sql_endpoint.json").write_text(json.dumps(report, indent=2) + "\n")
+    name = "sql_endpoint_with_stream" if args.with_stream else "sql_endpoint"
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     md = (
         f"# SQL endpoint latency\n\n`{QUERY}` over {written['rows']:,} window_counts rows "
-        f"(one day of 1-second windows, {args.topics} topics x 2 statuses), written with merge_window_increments.\n\n"
+        f"(one day of 1-second windows, {args.topics} topics x 2 statuses), written with merge_window_increments"
+        + (", while the speed layer runs (kdq demo, 200 records/s, MERGEs into the same table)" if args.with_stream else "")
+        + ".\n\n"
         "| client | first query (cold) | median of the next " f"{args.runs} |\n|---|---|---|\n"
         f"| Spark Connect (PySpark remote) | {report['spark_connect']['cold_seconds']} s | "
         f"{report['spark_connect']['median_seconds']} s |\n"
@@ -145,7 +186,7 @@ def main(argv=None) -> int:
         f"Endpoint start (spark-submit to both ports open): {report['endpoint_start_seconds']} s; "
         f"1-minute load average at the end: {report['load_average_1m_at_end']}.\n"
     )
-    (RESULTS / "sql_endpoint.md").write_text(md)
+    (RESULTS / f"{name}.md").write_text(md)
     print(md)
     if args.keep:
         print(f"data kept in {work}")

@@ -175,7 +175,7 @@ def _job(config: Config, args: argparse.Namespace) -> int:
 
 
 def _sql(config: Config, args: argparse.Namespace) -> int:
-    """Through the running SQL endpoint (answers in about a second), else a Spark session of its own (a
+    """Through the running SQL endpoint (about 2 s end to end), else a Spark session of its own (a
     JVM start, about a minute); stderr says which."""
     from kdq.stack.sql_endpoint import running_endpoint
 
