@@ -1,7 +1,7 @@
 """
 ### kdq maintenance
 
-Daily housekeeping of the Delta tables, on **closed partitions only** (older than today, UTC; the
+Daily housekeeping of the Delta tables (`spark_jobs/maintenance.py`, submitted like the other jobs), on **closed partitions only** (older than today, UTC; the
 stream MERGEs into today's, and compacting them would make its MERGEs fail on conflicts):
 
 * `OPTIMIZE` of `raw_archive` (by `event_hour`) and `window_counts` (by `window_date`);

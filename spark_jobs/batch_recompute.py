@@ -58,9 +58,9 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
 
     from kdq.spark import batch_layer as bl
     from kdq.spark.retention import read_retired
-    from kdq.spark.speed_layer import InfluxPushState
     from kdq.spark.tables import ensure_tables, table_path
     from kdq.spark.writers import now_ms
+    from kdq.stream_state import InfluxPushState
     from kdq.tables import RAW_ARCHIVE
 
     started = time.monotonic()

@@ -40,10 +40,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run(spark, config: Config, args: argparse.Namespace) -> dict:
     """Push one interval's corrected windows in an existing session; returns (and prints) the JSON summary."""
     from kdq.spark import batch_layer as bl
-    from kdq.spark.speed_layer import InfluxPushState
     from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections
     from kdq.spark.tables import ensure_tables
     from kdq.spark.writers import now_ms
+    from kdq.stream_state import InfluxPushState
 
     started = time.monotonic()
     started_ms = now_ms()

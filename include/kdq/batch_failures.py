@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-CURRENT_BATCH = "current_batch.json"
-FAILURE = "batch_failure.json"
-QUARANTINE = "quarantined_offsets.json"
+from kdq.stream_state import BATCH_FAILURE as FAILURE
+from kdq.stream_state import CURRENT_BATCH, HEARTBEAT, state_dir
+from kdq.stream_state import QUARANTINED_OFFSETS as QUARANTINE
+from kdq.stream_state import atomic_write_json as _write
+from kdq.stream_state import read_json as _read
+
 QUARANTINED_REASON = "internal_error:quarantined"
 ERROR_LINES = 12
 
@@ -44,27 +46,9 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def state_dir(config: Any) -> Path:
-    return config.data_dir / "stream"
-
-
 def checkpoint_of(config: Any) -> Path:
     """The speed layer's checkpoint (the same folder as ``kdq.spark.speed_layer.checkpoint_dir``)."""
     return config.checkpoints_dir / "speed_layer"
-
-
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _write(path: Path, payload: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=1, default=str))
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -135,7 +119,7 @@ def running_batch(config: Any, now_ms: int | None = None, not_before_ms: int = 0
             "seconds": max(0.0, (now - int(current["started_ms"])) / 1000),
             "source": "batch",
         }
-    beat = _read(state_dir(config) / "heartbeat.json") or {}
+    beat = _read(state_dir(config) / HEARTBEAT) or {}
     since = beat.get("trigger_active_since_ms")
     if beat.get("state") == "running" and since and int(since) >= not_before_ms and _pid_alive(int(beat.get("pid") or 0)):
         return {"batch_id": pending_batch(checkpoint_of(config)), "seconds": max(0.0, (now - int(since)) / 1000),

@@ -42,7 +42,7 @@ def _status(config: Config, args: argparse.Namespace) -> int:
     statuses = LocalStack(config).status()
     for status in statuses:
         print(status.line())
-    from kdq.stream_status import describe_stream
+    from kdq.stream_process import describe_stream
 
     for line in describe_stream(config):
         print(line)

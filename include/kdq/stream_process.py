@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
+from kdq import batch_failures, stream_state
 from kdq.config import Config
 from kdq.stack.procs import ManagedProcess
 
 
 def stream_process(config: Config) -> ManagedProcess:
-    folder = config.data_dir / "stream"
+    folder = stream_state.state_dir(config)
     return ManagedProcess(
         name="stream",
-        pid_file=folder / "stream.pid",
-        log_file=folder / "stream.log",
+        pid_file=folder / stream_state.STREAM_PID,
+        log_file=folder / stream_state.STREAM_LOG,
         # The warehouse dir is in the command line and unique per data folder.
         marker=f"spark.sql.warehouse.dir={config.data_dir / 'warehouse'}",
     )
@@ -45,3 +47,52 @@ def start_stream(config: Config, job_args: list[str] | None = None, extra_env: d
 def stop_stream(config: Config, timeout: float = 150.0) -> bool:
     """SIGTERM: the job finishes its current micro-batch, then exits; SIGKILL after ``timeout``."""
     return stream_process(config).stop(timeout=timeout, graceful_child="stream_counts.py")
+
+
+def describe_stream(config: Config) -> list[str]:
+    """The stream's lines of `kdq status`: process, heartbeat, last batch, a hung or failing batch, pending pushes."""
+    status = stream_state.stream_status(config)
+    running = stream_process(config).running()
+    beat, progress = status["heartbeat"], status["progress"]
+    if beat is None:
+        return [f"{'stream':<10} {'-':<28} never started (kdq stream --detach)"]
+    age = time.time() - beat["time_ms"] / 1000
+    lines = [
+        f"{'stream':<10} {'pid ' + str(beat.get('pid')):<28} "
+        f"{'running' if running else 'not running'}; heartbeat {age:.0f}s ago ({beat.get('state')})"
+    ]
+    if progress:
+        lines.append(
+            f"{'':<10} batch {progress['batch_id']}: {progress['input_rows']} rows, "
+            f"{progress.get('processed_rows_per_second') or 0:.0f} rows/s, "
+            f"{progress['duration_ms'].get('triggerExecution', 0)} ms; "
+            f"lag {sum((progress.get('consumer_lag') or {}).values())} msgs; "
+            f"late rows {sum((progress.get('late_rows') or {}).values())}"
+        )
+    lines += _batch_lines(config, running)
+    pending = status["influx_push"].get("pending_since_ms")
+    if pending:
+        lines.append(f"{'':<10} InfluxDB push pending since {pending} (the hourly catch-up pushes it)")
+    return lines
+
+
+def _batch_lines(config: Config, running: bool) -> list[str]:
+    """The batch in flight (flagged HUNG past stream.max_batch_seconds), a recorded failure, the quarantine."""
+    lines = []
+    limit = config.stream.max_batch_seconds
+    current = batch_failures.running_batch(config) if running else None
+    if current is not None and current["batch_id"] is not None:
+        flag = f"HUNG (> stream.max_batch_seconds = {limit:.0f}s)" if current["seconds"] > limit else "running"
+        lines.append(f"{'':<10} batch {current['batch_id']} {flag} for {current['seconds']:.0f}s")
+    failure = batch_failures.read_failure(config)
+    if failure is not None:
+        blocked = batch_failures.blocked(config, config.stream.max_batch_failures) is not None
+        first = failure["error"].splitlines()[0][:200] if failure.get("error") else ""
+        lines.append(
+            f"{'':<10} batch {failure['batch_id']} {'hung' if failure.get('kind') == 'hung' else 'failed'} "
+            f"{failure['attempts']}x in a row{' - BLOCKED, see `kdq stream-failure`' if blocked else ''}: {first}"
+        )
+    quarantined = batch_failures.read_quarantine(config)
+    if quarantined:
+        lines.append(f"{'':<10} {len(quarantined)} quarantined offset range(s) (kdq stream-failure lists them)")
+    return lines

@@ -157,7 +157,7 @@ class InfluxCatchUpOperator(KdqSparkJobOperator):
 
     def execute(self, context: Any) -> dict | None:
         from kdq.config import load_config
-        from kdq.stream_status import stream_status
+        from kdq.stream_state import stream_status
 
         config = load_config(self.config_path)
         pending = stream_status(config)["influx_push"].get("pending_since_ms")
@@ -168,30 +168,13 @@ class InfluxCatchUpOperator(KdqSparkJobOperator):
         return super().execute(context)
 
 
-class MaintenanceOperator(BaseOperator):
-    """OPTIMIZE / VACUUM / archive retention of kdq's Delta tables (see :mod:`kdq_airflow.maintenance`)."""
+class MaintenanceOperator(KdqSparkJobOperator):
+    """``spark_jobs/maintenance.py``: OPTIMIZE / retention / VACUUM of kdq's Delta tables
+    (:mod:`kdq.spark.maintenance`), submitted like every other kdq job."""
 
-    template_fields: Sequence[str] = ("config_path",)
-
-    def __init__(
-        self,
-        *,
-        archive_retention_days: int = 30,
-        vacuum_retain_hours: int = 168,
-        config_path: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.archive_retention_days = archive_retention_days
-        self.vacuum_retain_hours = vacuum_retain_hours
-        self.config_path = config_path
-
-    def execute(self, context: Any) -> dict:
-        from kdq.config import load_config
-        from kdq_airflow.maintenance import run_maintenance
-
-        return run_maintenance(
-            load_config(self.config_path),
-            archive_retention_days=self.archive_retention_days,
-            vacuum_retain_hours=self.vacuum_retain_hours,
+    def __init__(self, *, archive_retention_days: int = 30, vacuum_retain_hours: int = 168, **kwargs: Any) -> None:
+        super().__init__(
+            job="maintenance",
+            job_args=[f"--archive-retention-days={int(archive_retention_days)}", f"--vacuum-retain-hours={int(vacuum_retain_hours)}"],
+            **kwargs,
         )

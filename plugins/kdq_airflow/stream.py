@@ -31,8 +31,8 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-LOCK_NAME = "supervisor.lock"
-STATE_NAME = "supervisor_state.json"
+from kdq.stream_state import SUPERVISOR_LOCK as LOCK_NAME
+from kdq.stream_state import SUPERVISOR_STATE as STATE_NAME
 
 
 class LockHeld(RuntimeError):
@@ -111,14 +111,14 @@ def ensure_stream_running(
     """
     from kdq import batch_failures
     from kdq.stream_process import start_stream, stop_stream, stream_process
-    from kdq.stream_status import heartbeat_age_seconds
+    from kdq.stream_state import heartbeat_age_seconds, state_dir
 
     stream = config.stream
     max_batch_failures = stream.max_batch_failures if max_batch_failures is None else max_batch_failures
     max_batch_seconds = stream.max_batch_seconds if max_batch_seconds is None else max_batch_seconds
     grace = stream.hung_stop_grace_seconds if hung_stop_grace_seconds is None else hung_stop_grace_seconds
 
-    folder = config.data_dir / "stream"
+    folder = state_dir(config)
     state_file = folder / STATE_NAME
     try:
         with supervisor_lock(folder / LOCK_NAME):

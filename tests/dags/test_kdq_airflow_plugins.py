@@ -16,8 +16,8 @@ PLUGINS_FOLDER = Path(__file__).resolve().parents[2] / "plugins"
 if str(PLUGINS_FOLDER) not in sys.path:
     sys.path.insert(0, str(PLUGINS_FOLDER))
 
+from kdq.spark.maintenance import maintenance_plan  # noqa: E402
 from kdq_airflow.defaults import START_DATE_ENV, kdq_default_args, kdq_start_date  # noqa: E402
-from kdq_airflow.maintenance import maintenance_plan  # noqa: E402
 from kdq_airflow.stream import LockHeld, supervisor_lock  # noqa: E402
 from tests.conftest import make_config  # noqa: E402
 
@@ -128,3 +128,14 @@ def test_local_run_start_date_bounds_the_catch_up() -> None:
     assert local_start_date(first, later) == datetime(2026, 11, 25, 6, tzinfo=UTC)
     assert local_start_date(first, later, catchup_hours=0) == datetime(2026, 11, 25, 8, tzinfo=UTC)
 
+
+def test_maintenance_is_a_spark_job_like_the_others() -> None:
+    from kdq_airflow.operators import KdqSparkJobOperator, MaintenanceOperator
+
+    task = MaintenanceOperator(task_id="m", archive_retention_days=7, vacuum_retain_hours=200)
+    assert isinstance(task, KdqSparkJobOperator) and task.job == "maintenance"
+    assert task.job_args == ["--archive-retention-days=7", "--vacuum-retain-hours=200"]
+    from spark_jobs import maintenance
+
+    args = maintenance.parse_args(task.job_args + ["--today", "2026-11-24"])
+    assert (args.archive_retention_days, args.vacuum_retain_hours, args.today) == (7, 200, dt.date(2026, 11, 24))

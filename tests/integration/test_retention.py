@@ -13,23 +13,17 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import sys
 
 import pytest
 from pyspark.sql import functions as F
-from spark_jobs import batch_recompute, reconcile
+from spark_jobs import batch_recompute, maintenance, reconcile
 from spark_jobs import rebuild as rebuild_job
-
-from tests.conftest import PROJECT_ROOT
-
-if str(PROJECT_ROOT / "plugins") not in sys.path:
-    sys.path.insert(0, str(PROJECT_ROOT / "plugins"))
 
 from kdq.rules import load_rules
 from kdq.spark import retention
+from kdq.spark.maintenance import maintenance_plan, run_step
 from kdq.spark.speed_layer import SpeedLayer
 from kdq.spark.writers import now_ms
-from kdq_airflow.maintenance import maintenance_plan, run_step
 from tests.integration.helpers import (
     W0,
     expected_counts,
@@ -157,3 +151,10 @@ def test_late_records_for_a_retired_window_add_to_its_full_count(spark, local_st
         rebuild_job.run(spark, config, argparse.Namespace(
             from_ms=W0, to_ms=W0 + 10_000, topics=[topic], run_id="rb", skip_push=True, keep_archive=False))
     assert window_counts(spark, config, topic) == truth
+
+    # The whole daily job as Airflow submits it (compaction, retention, VACUUM): the counts stay exact.
+    report = maintenance.run(spark, config, argparse.Namespace(archive_retention_days=30, vacuum_retain_hours=168, today=None))
+    assert report["steps"] == len(maintenance_plan(config, dt.datetime.now(dt.UTC).date(), 30))
+    assert any(k.startswith("RETIRE+DELETE") for k in report["results"]), report
+    assert window_counts(spark, config, topic) == truth
+    assert _recompute(spark, config, interval, "rt-4")["corrections"] == 0

@@ -16,8 +16,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from kdq import batch_failures
-from kdq.stream_process import stop_stream, stream_process
-from kdq.stream_status import describe_stream
+from kdq.stream_process import describe_stream, stop_stream, stream_process
 from tests.integration.helpers import (
     expected_counts,
     isolated_config,

@@ -87,14 +87,14 @@ from kdq.spark import transforms
 from kdq.spark.retention import counts_with_retired
 from kdq.spark.tables import table_path
 from kdq.spark.writers import (
-    append_reason_rows,
+    adjust_invalid_reasons,
     idempotent_write,
     now_ms,
     retry_on_conflict,
     txn_version,
 )
 from kdq.sql_literals import date_literal, timestamp_literal
-from kdq.tables import CORRECTIONS, INVALID_REASONS, WINDOW_COUNTS
+from kdq.tables import CORRECTIONS, WINDOW_COUNTS
 from kdq.windows import DAY_MS, event_hour
 
 log = logging.getLogger("kdq.batch")
@@ -505,22 +505,11 @@ def correct_interval_reasons(spark: SparkSession, config: Config, archive_df: Da
     appends only the difference. Delta's idempotent write (app id ``kdq-batch-reasons-<start>``) makes
     two concurrent runs of one interval append once.
     """
-    path = table_path(config, INVALID_REASONS)
-    app_id = f"kdq-batch-reasons-{int(interval[0])}"
+    target = late_reason_counts(archive_df, *interval, config.stream.reasons_window_seconds)
     marker = reasons_marker(interval[0])
-
-    def once() -> int:
-        version = txn_version(spark, path, app_id)
-        target = late_reason_counts(archive_df, *interval, config.stream.reasons_window_seconds)
-        current = (
-            spark.read.format("delta").load(path).where(F.col("batch_id") == marker)
-            .groupBy("topic", "window_start", "reason").agg(F.sum("count").alias("count"))
-        )
-        rows = [r.asDict() for r in transforms.reason_differences(target, current).collect()]
-        append_reason_rows(spark, config, rows, marker, app_id, version + 1)
-        return len(rows)
-
-    return retry_on_conflict(once, "invalid_reasons corrections")
+    return adjust_invalid_reasons(
+        spark, config, target, F.col("batch_id") == marker, marker, f"kdq-batch-reasons-{int(interval[0])}"
+    )
 
 
 # -- reading back and pushing -------------------------------------------------------------------------
@@ -630,7 +619,7 @@ def influx_catch_up(
     the stream recorded a new failure meanwhile or ``since_ms`` started after
     the pending time (those rows would not have been covered).
     """
-    from kdq.spark.speed_layer import InfluxPushState
+    from kdq.stream_state import InfluxPushState
 
     state = InfluxPushState(config)
     before = state.read()

@@ -82,9 +82,9 @@ from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
 from kdq.spark.retention import read_retired, retired_hours
 from kdq.spark.tables import table_path
-from kdq.spark.writers import append_reason_rows, retry_on_conflict
+from kdq.spark.writers import adjust_invalid_reasons, retry_on_conflict
 from kdq.sql_literals import date_literal, timestamp_literal
-from kdq.tables import CORRECTIONS, INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
+from kdq.tables import CORRECTIONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.windows import range_dates, range_hours
 
 log = logging.getLogger("kdq.rebuild")
@@ -286,8 +286,6 @@ def correct_reasons(
     """
     size = config.stream.reasons_window_seconds * 1000
     lo, hi = from_ms // size * size, -(-to_ms // size) * size
-    path = table_path(config, INVALID_REASONS)
-    app_id = f"{rebuild_app_id(from_ms, to_ms)}-reasons"
     coarse = (F.col("window_start") >= _ts(lo)) & (F.col("window_start") < _ts(hi)) & _topic_filter(topics)
     in_range = (F.col("window_start") >= _ts(from_ms)) & (F.col("window_start") < _ts(to_ms))
     edges = sorted(set(range_hours(lo, from_ms) if lo < from_ms else []) | set(range_hours(to_ms, hi) if to_ms < hi else []))
@@ -295,19 +293,8 @@ def correct_reasons(
         archive_df.where(F.col("event_hour").isin(edges)).where(coarse & ~in_range)
     ).select("topic", "window_start", "valid", "reason")
     records = reclassified.select("topic", "window_start", "valid", "reason").where(coarse).unionByName(outside)
-
-    def once() -> int:
-        version = bl.txn_version(spark, path, app_id)
-        target = transforms.reason_counts(records, config.stream.reasons_window_seconds)
-        current = (
-            spark.read.format("delta").load(path).where(coarse)
-            .groupBy("topic", "window_start", "reason").agg(F.sum("count").alias("count"))
-        )
-        rows = [r.asDict() for r in transforms.reason_differences(target, current).collect()]
-        append_reason_rows(spark, config, rows, None, app_id, version + 1)
-        return len(rows)
-
-    return retry_on_conflict(once, "invalid_reasons rebuild")
+    target = transforms.reason_counts(records, config.stream.reasons_window_seconds)
+    return adjust_invalid_reasons(spark, config, target, coarse, None, f"{rebuild_app_id(from_ms, to_ms)}-reasons")
 
 
 def update_archive(

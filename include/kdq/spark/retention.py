@@ -2,7 +2,7 @@
 
 Deleting an hour of raw rows must not make a later recompute of one of its windows count only what is
 left: a record arriving a month late for a window of 5,000 would otherwise turn its count into 1. So the
-daily maintenance (:mod:`kdq_airflow.maintenance`) first **retires** what it is about to delete:
+daily maintenance (:mod:`kdq.spark.maintenance`) first **retires** what it is about to delete:
 
 1. :func:`rows_to_retire` — archive rows of the hours before the cutoff, ingested before the retirement
    instant ``T`` (midnight UTC of the day before the run) and not retired by an earlier run (at or after

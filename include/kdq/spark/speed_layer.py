@@ -42,7 +42,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
-from kdq import batch_failures
+from kdq import batch_failures, stream_state
 from kdq.batch_summary import merge_maxima, summarize
 from kdq.checkpoint_offsets import speed_layer_checkpoint
 from kdq.config import Config
@@ -60,6 +60,7 @@ from kdq.spark.writers import (
     now_ms,
     read_window_counts,
 )
+from kdq.stream_state import InfluxPushState
 from kdq.windows import subscribe_pattern
 
 log = logging.getLogger("kdq.stream")
@@ -136,10 +137,6 @@ class FaultInjector:
         os._exit(137)
 
 
-def stream_state_dir(config: Config) -> Path:
-    return config.data_dir / "stream"
-
-
 def checkpoint_dir(config: Config) -> Path:
     return speed_layer_checkpoint(config)
 
@@ -163,45 +160,6 @@ def app_id_for(checkpoint: Path) -> str:
         finally:
             tmp.unlink(missing_ok=True)
     return path.read_text().strip()
-
-
-def _atomic_write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=1, default=str))
-    os.replace(tmp, path)
-
-
-class InfluxPushState:
-    """Durable record of windows the stream could not push to InfluxDB.
-
-    ``pending_since_ms``: every window-count row updated at or after this time
-    may be missing from InfluxDB; the batch layer's catch-up pushes them and
-    clears it. Only the earliest failure matters, so the file stays tiny.
-    """
-
-    def __init__(self, config: Config) -> None:
-        self.path = stream_state_dir(config) / "influx_push_state.json"
-
-    def read(self) -> dict:
-        try:
-            return json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {"pending_since_ms": None, "failures": 0}
-
-    def record_failure(self, since_ms: int, error: str) -> None:
-        state = self.read()
-        pending = state.get("pending_since_ms")
-        state["pending_since_ms"] = since_ms if pending is None else min(pending, since_ms)
-        state["failures"] = int(state.get("failures", 0)) + 1
-        state["last_error"] = error
-        _atomic_write_json(self.path, state)
-
-    def clear(self, up_to_ms: int) -> None:
-        state = self.read()
-        state["pending_since_ms"] = None
-        state["last_catch_up_ms"] = up_to_ms
-        _atomic_write_json(self.path, state)
 
 
 @dataclass
@@ -534,14 +492,14 @@ class ProgressRecorder(StreamingQueryListener):
 
     def __init__(self, layer: SpeedLayer, history: int = 200) -> None:
         self.layer = layer
-        self.dir = stream_state_dir(layer.config)
+        self.dir = stream_state.state_dir(layer.config)
         self.history = history
         self.lock = threading.Lock()
 
     def heartbeat(self, state: str, extra: dict | None = None) -> None:
         with self.lock:
-            _atomic_write_json(
-                self.dir / "heartbeat.json",
+            stream_state.atomic_write_json(
+                self.dir / stream_state.HEARTBEAT,
                 {"state": state, "pid": os.getpid(), "time_ms": now_ms(), "app_id": self.layer.app_id, **(extra or {})},
             )
 
@@ -595,15 +553,15 @@ class ProgressRecorder(StreamingQueryListener):
             )
         with self.lock:
             self.dir.mkdir(parents=True, exist_ok=True)
-            with open(self.dir / "progress.jsonl", "a") as out:
+            with open(self.dir / stream_state.PROGRESS_LOG, "a") as out:
                 out.write(json.dumps(record, default=str) + "\n")
-            _atomic_write_json(self.dir / "progress.json", record)
+            stream_state.atomic_write_json(self.dir / stream_state.PROGRESS, record)
         self.heartbeat("running", {"last_batch_id": progress.batchId})
         batch_failures.batch_finished(self.layer.config, progress.batchId)  # issue 13: done; clears its failure
         self._trim()
 
     def _trim(self) -> None:
-        path = self.dir / "progress.jsonl"
+        path = self.dir / stream_state.PROGRESS_LOG
         if path.stat().st_size > 4 * 1024 * 1024:
             lines = path.read_text().splitlines()[-self.history :]
             tmp = path.with_suffix(".tmp")

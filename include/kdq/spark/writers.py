@@ -22,11 +22,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config
 from kdq.spark.tables import table_path
+from kdq.spark.transforms import reason_differences
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS, TableSpec
 
@@ -204,6 +205,30 @@ def append_reason_rows(
         .option("txnVersion", int(version))
         .save(table_path(config, INVALID_REASONS))
     )
+
+
+def adjust_invalid_reasons(
+    spark: SparkSession, config: Config, target: DataFrame, scope: Column, batch_id: int | None, app_id: str
+) -> int:
+    """Append the (topic, window, reason) increments that make the ``invalid_reasons`` rows matching
+    ``scope`` sum to ``target`` ((topic, window_start, reason, count)); returns how many were appended.
+
+    Computed against what the table holds, so a re-run appends nothing; Delta's idempotent write
+    (``app_id``, next version) makes two concurrent runs append once.
+    """
+    path = table_path(config, INVALID_REASONS)
+
+    def once() -> int:
+        version = txn_version(spark, path, app_id)
+        current = (
+            spark.read.format("delta").load(path).where(scope)
+            .groupBy("topic", "window_start", "reason").agg(F.sum("count").alias("count"))
+        )
+        rows = [r.asDict() for r in reason_differences(target, current).collect()]
+        append_reason_rows(spark, config, rows, batch_id, app_id, version + 1)
+        return len(rows)
+
+    return retry_on_conflict(once, f"invalid_reasons ({app_id})")
 
 
 def txn_version(spark: SparkSession, path: str, app_id: str) -> int:

@@ -352,7 +352,7 @@ Stop everything: Ctrl-C here, or `make stop` in another terminal.
 def follow(stack: Any, started: float, poll_seconds: float = 5.0, report_seconds: float = 60.0) -> None:
     """Print milestones (supervisor run, stream up, first counts), then a status line a minute, until
     Airflow is no longer running (``make stop``) or Ctrl-C (KeyboardInterrupt, handled by the caller)."""
-    from kdq.stream_status import stream_status
+    from kdq.stream_state import stream_status
     from kdq.traffic import read_stats
 
     api = stack.airflow.api()

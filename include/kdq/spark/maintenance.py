@@ -107,25 +107,14 @@ def run_step(spark: Any, config: Any, step: Step) -> Any:
     return retire_and_delete(spark, config, step.cutoff, step.retire_before_ms)
 
 
-def run_maintenance(
-    config: Any,
-    archive_retention_days: int = 30,
-    vacuum_retain_hours: int = MIN_VACUUM_RETAIN_HOURS,
-    today: dt.date | None = None,
-) -> dict:
-    """Run the steps in one local session; returns what each did."""
-    from kdq.spark.session import build_session
+def run_maintenance(spark: Any, config: Any, archive_retention_days: int, vacuum_retain_hours: int, today: dt.date) -> dict:
+    """Run the plan's steps in ``spark``; returns what each did (spark_jobs/maintenance.py prints it)."""
     from kdq.spark.tables import ensure_tables
 
-    today = today or dt.datetime.now(dt.UTC).date()
     steps = maintenance_plan(config, today, archive_retention_days, vacuum_retain_hours)
-    spark = build_session(config, app_name="kdq-maintenance")
-    try:
-        ensure_tables(spark, config)
-        results = {}
-        for step in steps:
-            log.info("maintenance: %s", step.describe())
-            results[step.describe()] = run_step(spark, config, step)
-        return {"steps": len(steps), "results": results}
-    finally:
-        spark.stop()
+    ensure_tables(spark, config)
+    results = {}
+    for step in steps:
+        log.info("maintenance: %s", step.describe())
+        results[step.describe()] = run_step(spark, config, step)
+    return {"today": today.isoformat(), "steps": len(steps), "results": results}

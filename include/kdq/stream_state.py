@@ -1,0 +1,96 @@
+"""The speed layer's state folder, ``<data_dir>/stream/``: every file in it is named, read and written here.
+
+Pure Python (no Spark import): the stream writes its heartbeat, progress and push state through these
+helpers; the supervisor, the CLI, the batch jobs and the failing/hung-batch handling
+(:mod:`kdq.batch_failures`) read them. Writes are atomic (temporary file + rename), so a reader never
+sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from kdq.config import Config
+
+HEARTBEAT = "heartbeat.json"  # the stream's liveness, written by its query listener
+PROGRESS = "progress.json"  # the last micro-batch's progress
+PROGRESS_LOG = "progress.jsonl"  # recent micro-batches, one JSON line each
+INFLUX_PUSH_STATE = "influx_push_state.json"  # the earliest window InfluxDB may be missing (InfluxPushState)
+CURRENT_BATCH = "current_batch.json"  # the micro-batch in flight (kdq.batch_failures: hung batches)
+BATCH_FAILURE = "batch_failure.json"  # the micro-batch that keeps failing (kdq.batch_failures)
+QUARANTINED_OFFSETS = "quarantined_offsets.json"  # the operator's quarantined offset ranges
+STREAM_PID = "stream.pid"
+STREAM_LOG = "stream.log"
+SUPERVISOR_LOCK = "supervisor.lock"
+SUPERVISOR_STATE = "supervisor_state.json"
+
+
+def state_dir(config: Any) -> Path:
+    return config.data_dir / "stream"
+
+
+def read_json(path: Path) -> Any:
+    """A state file's content; None when it is missing or (mid-replacement by an old writer) unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+class InfluxPushState:
+    """Durable record of windows the stream (or a batch push) could not send to InfluxDB.
+
+    ``pending_since_ms``: every window-count row updated at or after this time
+    may be missing from InfluxDB; the batch layer's catch-up pushes them and
+    clears it. Only the earliest failure matters, so the file stays tiny.
+    """
+
+    def __init__(self, config: Any) -> None:
+        self.path = state_dir(config) / INFLUX_PUSH_STATE
+
+    def read(self) -> dict:
+        return read_json(self.path) or {"pending_since_ms": None, "failures": 0}
+
+    def record_failure(self, since_ms: int, error: str) -> None:
+        state = self.read()
+        pending = state.get("pending_since_ms")
+        state["pending_since_ms"] = since_ms if pending is None else min(pending, since_ms)
+        state["failures"] = int(state.get("failures", 0)) + 1
+        state["last_error"] = error
+        atomic_write_json(self.path, state)
+
+    def clear(self, up_to_ms: int) -> None:
+        state = self.read()
+        state["pending_since_ms"] = None
+        state["last_catch_up_ms"] = up_to_ms
+        atomic_write_json(self.path, state)
+
+
+def stream_status(config: Config) -> dict:
+    """Every state file's content (None when missing)."""
+    folder = state_dir(config)
+    return {
+        "heartbeat": read_json(folder / HEARTBEAT),
+        "progress": read_json(folder / PROGRESS),
+        "influx_push": read_json(folder / INFLUX_PUSH_STATE) or {"pending_since_ms": None},
+        "current_batch": read_json(folder / CURRENT_BATCH),
+        "batch_failure": read_json(folder / BATCH_FAILURE),
+    }
+
+
+def heartbeat_age_seconds(config: Config) -> float | None:
+    beat = stream_status(config)["heartbeat"]
+    if not beat or beat.get("state") != "running":
+        return None
+    return max(0.0, time.time() - beat["time_ms"] / 1000)
