@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 
 from kdq.spark import batch_layer as bl
 from kdq.spark.tables import ensure_tables, table_path
+from kdq.spark.writers import txn_version
 from kdq.tables import CORRECTIONS, RAW_ARCHIVE, WINDOW_COUNTS
 from tests.conftest import make_config
 
@@ -210,5 +211,5 @@ def test_an_interrupted_run_is_completed_without_recording_twice(spark, tmp_path
     assert _counts(spark, config)[("orders", W0, "valid")] == (3, "batch")
     # Recorded once, by the attempt that recorded it first.
     assert _corrections(spark, config) == [("orders", W0, "valid", 2, 3, "run-a")]
-    assert bl.txn_version(spark, table_path(config, WINDOW_COUNTS), app_id) == 0
-    assert bl.txn_version(spark, table_path(config, CORRECTIONS), app_id) == 0
+    assert txn_version(spark, table_path(config, WINDOW_COUNTS), app_id) == 0
+    assert txn_version(spark, table_path(config, CORRECTIONS), app_id) == 0

@@ -46,20 +46,12 @@ run one after the other, and the archive append precedes the MERGE within a
 batch. Absolute counts read from the archive after a late row is visible
 therefore never double-count with a pending stream increment.
 
-**Exactly once, step by step** (``app id = kdq-batch-<interval start ms>``).
-The corrections append and the window-counts MERGE are two Delta commits
-guarded by the same (app id, version); the version comes from the tables' own
-logs: ``Vc``/``Vw``, the last version each table committed for the app id.
-
-* ``Vc == Vw``: the previous attempt finished (or none ran). A run whose
-  recomputation equals the table writes nothing (re-running an interval is a
-  no-op); otherwise version ``Vw + 1``: corrections first, then the MERGE.
-* ``Vc > Vw``: an attempt recorded its corrections and died before its MERGE.
-  If the recomputation still gives the recorded changes, the same version is
-  reused: Delta skips the corrections append (already committed) and applies
-  the MERGE. If it changed meanwhile (more late rows arrived), a new version
-  records and applies the new changes; the interrupted attempt's rows remain
-  (same interval, earlier ``corrected_at``) and no MERGE ever carried them.
+**Exactly once** (``app id = kdq-batch-<interval start ms>``): the corrections
+append and the window-counts MERGE are two Delta commits guarded by the same
+(app id, version), chosen by :func:`kdq.spark.corrections.record_then_apply`
+(the protocol the rebuild and the summaries share): a run whose recomputation
+equals the table writes nothing, an attempt that died between its two commits
+is completed or superseded.
 
 The interval is only complete once the stream has finished every micro-batch
 that started before its end (:func:`stream_caught_up`; the job reports it).
@@ -84,6 +76,7 @@ from kdq.influx import InfluxSink, count_points
 from kdq.intervals import batch_app_id, iso
 from kdq.metrics_topic import ensure_metrics_topic, produce_counts
 from kdq.spark import transforms
+from kdq.spark.corrections import latest_attempt, record_then_apply
 from kdq.spark.retention import counts_with_retired
 from kdq.spark.tables import table_path
 from kdq.spark.writers import (
@@ -91,7 +84,6 @@ from kdq.spark.writers import (
     idempotent_write,
     now_ms,
     retry_on_conflict,
-    txn_version,
 )
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import CORRECTIONS, WINDOW_COUNTS
@@ -267,11 +259,15 @@ def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[di
     return sorted(rows, key=lambda r: (r["topic"], r["window_start_ms"], r["status"]))
 
 
+def _correction_key(r: dict) -> tuple:
+    return (r["topic"], int(r["window_start_ms"]), r["status"], int(r["old_count"]), int(r["new_count"]))
+
+
 def recorded_attempt(
     spark: SparkSession, config: Config, interval: tuple[int, int], reasons: Sequence[str] | None = None
 ) -> set[tuple]:
-    """The correction rows of the latest attempt for this interval (one append shares one corrected_at),
-    optionally only those recorded with one of ``reasons``."""
+    """The (topic, window ms, status, old, new) rows of the latest attempt for this interval, optionally
+    only those recorded with one of ``reasons``."""
     start_ms, end_ms = interval
     recorded = (
         spark.read.format("delta")
@@ -281,17 +277,9 @@ def recorded_attempt(
     if reasons:
         recorded = recorded.where(F.col("reason").isin(*reasons))
     rows = recorded.select(
-        "topic",
-        F.unix_millis("window_start").alias("w"),
-        "status",
-        "old_count",
-        "new_count",
-        F.unix_millis("corrected_at").alias("at"),
-    ).collect()
-    if not rows:
-        return set()
-    latest = max(r["at"] for r in rows)
-    return {(r["topic"], r["w"], r["status"], r["old_count"], r["new_count"]) for r in rows if r["at"] == latest}
+        "topic", F.unix_millis("window_start").alias("window_start_ms"), "status", "old_count", "new_count", "corrected_at"
+    )
+    return latest_attempt(rows, _correction_key)
 
 
 def append_corrections(
@@ -447,29 +435,21 @@ def _apply_once(
     reason: str,
     app_id: str,
 ) -> list[dict]:
-    vc = txn_version(spark, table_path(config, CORRECTIONS), app_id)
-    vw = txn_version(spark, table_path(config, WINDOW_COUNTS), app_id)
     changed = _diff(spark, config, new_counts)
     if not changed:
         log.info("interval %s..%s: window_counts already equal the recomputation", iso(interval[0]), iso(interval[1]))
         return []
-    version = max(vc, vw) + 1
-    if vc > vw:
-        recorded = recorded_attempt(spark, config, interval)
-        wanted = {(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed}
-        if recorded == wanted:
-            version = vc  # the corrections append is skipped by Delta; the MERGE completes the attempt
-            log.warning("completing an interrupted batch run (app id %s, version %d)", app_id, version)
-        else:
-            log.warning(
-                "an interrupted batch run (app id %s, version %d) recorded corrections that no longer apply; "
-                "recording the current ones as version %d",
-                app_id,
-                vc,
-                version,
-            )
-    append_corrections(spark, config, changed, run_id, interval, app_id, version, reason=reason)
-    _merge_absolute(spark, config, changed, app_id, version)
+    version = record_then_apply(
+        spark,
+        table_path(config, CORRECTIONS),
+        table_path(config, WINDOW_COUNTS),
+        app_id,
+        (_correction_key(r) for r in changed),
+        lambda: recorded_attempt(spark, config, interval),
+        lambda v: append_corrections(spark, config, changed, run_id, interval, app_id, v, reason=reason),
+        lambda v: _merge_absolute(spark, config, changed, app_id, v),
+        "batch run",
+    )
     for row in changed:
         row["count"] = row["new_count"]
     log.info("interval %s..%s: %d corrections (version %d)", iso(interval[0]), iso(interval[1]), len(changed), version)

@@ -80,6 +80,7 @@ from kdq.intervals import iso
 from kdq.rules import RuleSet
 from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
+from kdq.spark.corrections import record_then_apply
 from kdq.spark.retention import read_retired, retired_hours
 from kdq.spark.tables import table_path
 from kdq.spark.writers import adjust_invalid_reasons, retry_on_conflict
@@ -250,20 +251,21 @@ def apply_rebuild(
         return
     app_id = rebuild_app_id(*interval)
 
-    def apply_once() -> None:
-        vc = bl.txn_version(spark, table_path(config, CORRECTIONS), app_id)
-        vw = bl.txn_version(spark, table_path(config, WINDOW_COUNTS), app_id)
-        version = max(vc, vw) + 1
-        if vc > vw:
-            wanted = {(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed}
-            if bl.recorded_attempt(spark, config, interval, reasons=(REBUILD, RULE_CHANGE)) == wanted:
-                version = vc  # corrections already recorded by an interrupted run: Delta skips them
-        if changed:
-            bl.append_corrections(spark, config, changed, run_id, interval, app_id, version)
-        rows = [dict(r, new_count=r["new_count"]) for r in changed + version_only]
-        bl._merge_absolute(spark, config, rows, app_id, version)
-
-    retry_on_conflict(apply_once, "rebuild")
+    rows = [dict(r, new_count=r["new_count"]) for r in changed + version_only]
+    retry_on_conflict(
+        lambda: record_then_apply(
+            spark,
+            table_path(config, CORRECTIONS),
+            table_path(config, WINDOW_COUNTS),
+            app_id,
+            (bl._correction_key(r) for r in changed),
+            lambda: bl.recorded_attempt(spark, config, interval, reasons=(REBUILD, RULE_CHANGE)),
+            lambda v: bl.append_corrections(spark, config, changed, run_id, interval, app_id, v) if changed else None,
+            lambda v: bl._merge_absolute(spark, config, rows, app_id, v),
+            "rebuild",
+        ),
+        "rebuild",
+    )
 
 
 def correct_reasons(

@@ -67,6 +67,7 @@ from pyspark.sql import functions as F
 
 from kdq.config import Config, SummaryConfig
 from kdq.rules import variant_path
+from kdq.spark.corrections import latest_attempt, record_then_apply
 from kdq.spark.tables import table_path
 from kdq.spark.writers import idempotent_write, retry_on_conflict, txn_version
 from kdq.sql_literals import date_literal, timestamp_literal
@@ -773,7 +774,7 @@ def _correction_rows(config: Config, changes: Sequence[dict]) -> list[dict]:
 
 
 def _recorded_attempt(spark: SparkSession, config: Config, interval: tuple[int, int], reasons: Sequence[str] | None = None) -> set[tuple]:
-    """The correction rows of the latest attempt for this interval (one append shares one corrected_at)."""
+    """The correction rows of the latest attempt for this interval (see kdq.spark.corrections)."""
     table = spark.read.format("delta").load(table_path(config, SUMMARY_CORRECTIONS)).where(
         (F.col("interval_start") == F.timestamp_millis(F.lit(interval[0])))
         & (F.col("interval_end") == F.timestamp_millis(F.lit(interval[1])))
@@ -782,12 +783,9 @@ def _recorded_attempt(spark: SparkSession, config: Config, interval: tuple[int, 
         table = table.where(F.col("reason").isin(list(reasons)))
     rows = table.select(
         "summary", "topic", F.unix_millis("window_start").alias("window_start_ms"), "group_key", "old_count",
-        "new_count", "new_stats", F.unix_millis("corrected_at").alias("at"),
-    ).collect()
-    if not rows:
-        return set()
-    latest = max(r["at"] for r in rows)
-    return {_attempt_key(r.asDict()) for r in rows if r["at"] == latest}
+        "new_count", "new_stats", "corrected_at",
+    )
+    return latest_attempt(rows, _attempt_key)
 
 
 def _append_corrections(
@@ -832,17 +830,20 @@ def apply_summary_corrections(
         return []
     rows = _correction_rows(config, changes)
 
-    def once() -> None:
-        vc = txn_version(spark, table_path(config, SUMMARY_CORRECTIONS), app_id)
-        vw = txn_version(spark, table_path(config, SUMMARIES), app_id)
-        version = max(vc, vw) + 1
-        if vc > vw and _recorded_attempt(spark, config, interval, [reason]) == {_attempt_key(r) for r in rows}:
-            version = vc  # Delta skips the corrections append (already committed); the MERGE completes the attempt
-            log.warning("completing an interrupted summary correction (app id %s, version %d)", app_id, version)
-        _append_corrections(spark, config, rows, run_id, interval, reason, app_id, version)
-        merge_absolute(spark, config, changes, app_id, version)
-
-    retry_on_conflict(once, "summary corrections")
+    retry_on_conflict(
+        lambda: record_then_apply(
+            spark,
+            table_path(config, SUMMARY_CORRECTIONS),
+            table_path(config, SUMMARIES),
+            app_id,
+            (_attempt_key(r) for r in rows),
+            lambda: _recorded_attempt(spark, config, interval, [reason]),
+            lambda v: _append_corrections(spark, config, rows, run_id, interval, reason, app_id, v),
+            lambda v: merge_absolute(spark, config, changes, app_id, v),
+            "summary correction",
+        ),
+        "summary corrections",
+    )
     return rows
 
 
