@@ -1,10 +1,11 @@
 """
 ### kdq stream supervisor
 
-Every two minutes: checks the speed layer's heartbeat (`<data_dir>/stream/heartbeat.json`) and process,
-and starts it **detached** through spark-submit when it is not running or its heartbeat is stale, so no
-worker slot is held while it runs. A lock file next to the heartbeat guarantees that two supervisors
-never start two streams (a lock left by a crashed supervisor is taken over). After repeated restarts
+Every two minutes (`KDQ_AIRFLOW_SUPERVISOR_SECONDS` in Airflow's environment changes it): checks the
+speed layer's heartbeat (`<data_dir>/stream/heartbeat.json`) and process, and starts it **detached**
+through spark-submit when it is not running or its heartbeat is stale, so no worker slot is held while
+it runs. A lock file next to the heartbeat guarantees that two supervisors never start two streams (a
+lock left by a crashed supervisor is taken over). After repeated restarts
 without a healthy heartbeat the task **fails** (and restarts are spaced out): look at its log, which
 ends with the stream's log tail.
 
@@ -22,13 +23,13 @@ from datetime import timedelta
 
 from airflow.sdk import DAG
 
-from kdq_airflow.defaults import kdq_default_args, kdq_start_date
+from kdq_airflow.defaults import kdq_default_args, kdq_start_date, kdq_supervisor_interval
 from kdq_airflow.stream import EnsureStreamRunningOperator
 
 with DAG(
     dag_id="kdq_stream_supervisor",
     doc_md=__doc__,
-    schedule=timedelta(minutes=2),
+    schedule=kdq_supervisor_interval(),
     start_date=kdq_start_date(),
     catchup=False,
     max_active_runs=1,

@@ -19,6 +19,8 @@ from typing import Any
 
 DEFAULT_START_DATE = datetime(2026, 11, 1, tzinfo=UTC)
 START_DATE_ENV = "KDQ_AIRFLOW_START_DATE"
+SUPERVISOR_INTERVAL_ENV = "KDQ_AIRFLOW_SUPERVISOR_SECONDS"
+DEFAULT_SUPERVISOR_INTERVAL = timedelta(minutes=2)
 
 
 def kdq_default_args(**overrides: Any) -> dict[str, Any]:
@@ -47,3 +49,23 @@ def kdq_start_date(default: datetime = DEFAULT_START_DATE) -> datetime:
     except ValueError as exc:
         raise ValueError(f"{START_DATE_ENV}={value!r}: expected an ISO-8601 date-time") from exc
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def kdq_supervisor_interval(default: timedelta = DEFAULT_SUPERVISOR_INTERVAL) -> timedelta:
+    """How often the stream supervisor checks the speed layer: ``$KDQ_AIRFLOW_SUPERVISOR_SECONDS`` or ``default``.
+
+    The interval bounds how long a dead stream stays down before a restart begins. Two minutes suits a
+    stream that rarely dies; the chaos run (``make chaos``) kills it every minute or so and checks every
+    30 s. Below 10 s the supervisor's own task start-up would overlap the next run, so that is refused, as
+    is a malformed value (an import error naming the variable, not a silently different schedule).
+    """
+    value = os.environ.get(SUPERVISOR_INTERVAL_ENV, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 10:
+        raise ValueError(f"{SUPERVISOR_INTERVAL_ENV}={value!r}: expected a number of seconds, at least 10")
+    return timedelta(seconds=seconds)

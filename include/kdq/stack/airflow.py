@@ -17,7 +17,8 @@ restart catches up a bounded number of missed hours. ``airflow backfill create``
 
 Environment overrides (not config keys: they only concern this local process): ``KDQ_AIRFLOW_PORT``
 (API server/UI port; default a free port, kept in ``stack/state.json``), ``KDQ_AIRFLOW_START_DATE``
-(fixed start date of the hourly DAG), ``KDQ_AIRFLOW_CATCHUP_HOURS``.
+(fixed start date of the hourly DAG), ``KDQ_AIRFLOW_CATCHUP_HOURS``, ``KDQ_AIRFLOW_SUPERVISOR_SECONDS`` (how often
+the stream supervisor runs; default 120).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from kdq.stack.procs import ManagedProcess, StackError, free_port, port_open, wa
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 PORT_ENV = "KDQ_AIRFLOW_PORT"
 START_DATE_ENV = "KDQ_AIRFLOW_START_DATE"  # read by plugins/kdq_airflow/defaults.py at parse time
+SUPERVISOR_INTERVAL_ENV = "KDQ_AIRFLOW_SUPERVISOR_SECONDS"  # likewise: the stream supervisor's schedule
 CATCHUP_HOURS_ENV = "KDQ_AIRFLOW_CATCHUP_HOURS"
 DEFAULT_CATCHUP_HOURS = 2
 USERNAME = "admin"
