@@ -54,6 +54,7 @@ class AirflowSetup:
     config: Config
     airflow: LocalAirflow
     prefix: str  # the stream of this config sees only topics starting with it
+    start: datetime  # the DAGs' start date (the hour the session's Airflow was set up in)
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +85,7 @@ def airflow_local(local_stack: LocalStack, tmp_path_factory: pytest.TempPathFact
     airflow = LocalAirflow(config, free_port(), paused=True, extra_env={START_DATE_ENV: start.isoformat()})
     try:
         airflow.migrate()
-        yield AirflowSetup(config, airflow, prefix)
+        yield AirflowSetup(config, airflow, prefix, start)
     finally:
         airflow.stop(timeout=60)
         stop_stream(config, timeout=60)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import struct
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import requests
 
-from kdq.stack.airflow import USERNAME, floor_hour
+from kdq.stack.airflow import USERNAME
 from tests.conftest import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
@@ -80,9 +80,14 @@ def api(airflow_services) -> Api:
 
 @pytest.fixture(scope="module")
 def backfill(airflow_services, api) -> tuple[list[datetime], list[dict]]:
-    """`airflow backfill create` over the three full hours before the current one, run by the scheduler."""
+    """`airflow backfill create` over the three full hours before the DAGs' start date, run by the scheduler.
+
+    Before the start date on purpose (backfills are exempt from it): once the clock passes the next hour,
+    the unpaused DAG has a scheduled run of its own for [start, start + 1 h), and a backfill skips an
+    interval that already has a run, so hours relative to *now* would make this depend on the time of day.
+    """
     api.call("PATCH", f"dags/{HOURLY}", json={"is_paused": False})  # the scheduler runs no paused DAG's backfill
-    last = floor_hour(datetime.now(UTC)) - timedelta(hours=1)
+    last = airflow_services.start - timedelta(hours=1)
     hours = [last - timedelta(hours=2), last - timedelta(hours=1), last]
     airflow_services.airflow.cli(
         "backfill", "create", "--dag-id", HOURLY, "--from-date", hours[0].isoformat(),
