@@ -131,8 +131,35 @@ def _wait(check, timeout: float, interval: float = 1.0, stop: threading.Event | 
 # -- set-up ---------------------------------------------------------------------------------------------
 
 
+def quiet_port(rng: random.Random) -> int:
+    """A free loopback port below the kernel's ephemeral range.
+
+    The faults stop components for a while; a port from the ephemeral range (what ``free_port`` and
+    every outgoing connection get) can meanwhile be taken by another program on a shared machine, and the
+    restart then fails (seen: a test suite's broker took InfluxDB's port during its outage). Nothing is
+    handed a port below that range unless it asks for one.
+    """
+    import socket
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
 def chaos_config(work: Path) -> Config:
-    """The benchmark's private config (defaults, no kdq.toml, no KDQ_* variables) with the chaos rules."""
+    """The benchmark's private config (defaults, no kdq.toml, no KDQ_* variables) with the chaos rules,
+    its components on ports below the ephemeral range (:func:`quiet_port`)."""
+    rng = random.Random()
     rules = work / "rules"
     rules.mkdir(parents=True, exist_ok=True)
     for name in ("orders.schema.json", "payments.schema.json"):
@@ -147,6 +174,8 @@ def chaos_config(work: Path) -> Config:
         # As in the Airflow integration tests: C1-only JIT and the serial GC start a JVM faster, which
         # matters for a stream restarted every minute or two on 2 shared cores; batches here are small.
         spark={"conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}},
+        kafka={"local_port": quiet_port(rng), "local_controller_port": quiet_port(rng)},
+        influxdb={"local_port": quiet_port(rng), "local_rpc_port": quiet_port(rng)},
     )
     return write_config(config, work / "kdq.toml")
 
@@ -440,6 +469,7 @@ class Faults:
         # No stream kill while InfluxDB is down: the outage must meet a running stream, whose failed
         # pushes are recorded for the catch-up (otherwise kills could keep it from pushing at all).
         self.influx_down = threading.Event()
+        self.down: set[str] = set()  # components a fault thread has stopped on purpose, right now
         self.kill_rng = random.Random(seed + 10)
         self.plan_rng = random.Random(seed + 20)
         self.done: list[dict] = []
@@ -494,6 +524,7 @@ class Faults:
         kafka = self.stack.kafka
         row = {"t": t, "kind": fault.kind, "how": fault.how, "planned_down_s": fault.down_s}
         proc = kafka.process.process()
+        self.down.add("kafka")
         try:
             if fault.how == "sigkill" and proc is not None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -510,6 +541,8 @@ class Faults:
                 kafka.start(timeout=300)
             except Exception as again:
                 row["error"] += f"; restart failed: {again!r}"[:500]
+        finally:
+            self.down.discard("kafka")
         row["end_t"] = self.clock.t()
         self.record(row)
 
@@ -517,6 +550,7 @@ class Faults:
         influx = self.stack.influx
         row = {"t": self.clock.t(), "kind": fault.kind}
         self.influx_down.set()
+        self.down.add("influxdb")
         try:
             influx.stop()
             stopped = _now()
@@ -529,6 +563,7 @@ class Faults:
             influx.start(timeout=120)
         finally:
             self.influx_down.clear()
+            self.down.discard("influxdb")
         row["end_t"] = self.clock.t()
         self.record(row)
 
@@ -693,6 +728,29 @@ class Faults:
                 p.kill()
             except psutil.Error:
                 pass
+
+    def watch_components(self) -> None:
+        """A component found dead that no fault stopped (something outside the run killed it; seen on the
+        shared machine): recorded as an unplanned event and started again, so the rest of the run still
+        tests the product. The report lists these apart from the planned faults."""
+        components = {"kafka": self.stack.kafka, "influxdb": self.stack.influx, "airflow": self.stack.airflow}
+        for name, component in components.items():
+            if name in self.down or component.process.running():
+                continue
+            row = {"t": self.clock.t(), "kind": "unplanned_death", "component": name}
+            log.error("%s is not running and no fault stopped it: starting it again", name)
+            started = _now()
+            try:
+                if name == "airflow":
+                    self.stop_replacement_scheduler()  # one scheduler per SQLite database
+                    component.start(timeout=600)
+                else:
+                    component.start(timeout=300)
+                row["restarted_after_s"] = round(_now() - started, 1)
+            except Exception as exc:
+                row["error"] = repr(exc)[:500]
+            row["end_t"] = self.clock.t()
+            self.record(row)
 
     def stop_replacement_scheduler(self) -> None:
         if self.replacement_scheduler is not None:
@@ -869,7 +927,9 @@ def kill_orphans(work: Path) -> list[str]:
     names the run's unique work folder, or their environment its config file (KDQ_CONFIG). Killed by pid."""
     found = []
     marker = str(work)
-    own = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
+    me = psutil.Process()
+    # Not this process, its children (the check's own JVM) or its parents (a `timeout` wrapping the run).
+    own = {me.pid, *(p.pid for p in me.children(recursive=True)), *(p.pid for p in me.parents())}
     for proc in psutil.process_iter(["pid", "cmdline"]):
         if proc.pid in own:
             continue
@@ -909,7 +969,9 @@ def main(argv=None) -> int:
     started = _now()
     config = chaos_config(work)
     stack = LocalStack(config)
-    stack.airflow = LocalAirflow(config, stack.airflow.port, extra_env={SUPERVISOR_INTERVAL_ENV: str(args.supervisor_seconds)})
+    port_rng = random.Random()
+    stack.airflow = LocalAirflow(config, quiet_port(port_rng), extra_env={SUPERVISOR_INTERVAL_ENV: str(args.supervisor_seconds)})
+    stack.airflow.log_server_ports = (quiet_port(port_rng), quiet_port(port_rng))
     topics = list(cl.TOPICS)
     mix = cl.TrafficMix()
     result: dict = {
@@ -971,6 +1033,7 @@ def main(argv=None) -> int:
                 faults.fault_end = min(hard_end, now + 60)  # more time for the kills still wanted
             if traffic.error is not None:
                 raise RuntimeError(f"traffic failed: {traffic.error!r}")
+            faults.watch_components()
             if now >= next_report:
                 progress = monitor.state.get("progress") or {}
                 log.info("t=%5.0fs kills %d/%d, faults %d, produced %s, stream batch %s lag %s",

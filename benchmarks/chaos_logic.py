@@ -268,6 +268,7 @@ class ChaosTraffic:
 BROKER_RESTART, INFLUX_OUTAGE, SCHEDULER_RESTART, STREAM_KILL = (
     "broker_restart", "influx_outage", "scheduler_restart", "stream_kill",
 )
+UNPLANNED = "unplanned_death"  # not a fault: a component something outside the run killed
 KILL_TARGETS = (("driver_process_group", 0.6), ("driver_jvm", 0.2), ("python_driver", 0.2))
 
 
@@ -510,6 +511,9 @@ def fault_outcomes(faults: Sequence[dict], events: Sequence[dict], settle_s: flo
     for fault in sorted(faults, key=lambda f: f["t"]):
         t, end = fault["t"], fault.get("end_t", fault["t"])
         row = dict(fault)
+        if fault["kind"] == UNPLANNED:
+            out.append(row)
+            continue
         if fault["kind"] == STREAM_KILL:
             back = _first(events, "stream_started", t)
             restart = _first(events, "supervisor_restart", t, back["t"] + 5 if back else math.inf)
@@ -551,6 +555,11 @@ def _fmt(value: object) -> str:
 
 def _fault_line(f: dict) -> str:
     kind = f["kind"]
+    if kind == UNPLANNED:
+        what = f"{f.get('component')} found dead, stopped by nothing in this run (killed from outside)"
+        after = (f"started again by the chaos driver in {_fmt(f.get('restarted_after_s'))} s" if not f.get("error")
+                 else f"could not be started again: {f['error']}")
+        return f"| {f.get('n', '')} | {_fmt(f['t'])} | {kind} | {what} | {after} |"
     if kind == STREAM_KILL:
         age = f", {_fmt(f['batch_age_s'])} s into it" if f.get("batch_age_s") is not None else ""
         what = (f"SIGKILL {f.get('target', '')} (pid {f.get('pid', '?')}), {f.get('mode', '')} kill, "
@@ -665,6 +674,8 @@ def markdown(result: dict) -> str:
         f"{len(kills)} stream kills"
         + (f" (back after {min(back):.0f}–{max(back):.0f} s, median {sorted(back)[len(back) // 2]:.0f} s)" if back else "")
         + ", " + ", ".join(f"{n} {k}" for k, n in sorted(Counter(f["kind"] for f in result.get("faults", []) if f["kind"] != STREAM_KILL).items()))
+        + (f" ({sum(1 for f in result.get('faults', []) if f['kind'] == UNPLANNED)} {UNPLANNED}: a component killed from "
+           "outside the run, not a planned fault)" if any(f["kind"] == UNPLANNED for f in result.get("faults", [])) else "")
         + ". Times (t) are seconds since the fault phase began (the traffic started before it, once the supervisor's stream was counting).",
         "",
         "| # | t (s) | fault | what | what happened after |",

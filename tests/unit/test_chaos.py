@@ -293,3 +293,21 @@ def test_the_report_names_the_verdict_every_fault_and_every_output() -> None:
     assert "| delta window_counts | 1 | 1 | 0 | 0 | 0 |" in md and "raw archive" in md
     assert "SIGKILL driver_jvm (pid 7)" in md and "back after 15.0 s" in md
     json.dumps(cl.as_jsonable(result))
+
+
+def test_a_component_killed_from_outside_is_reported_apart_from_the_faults() -> None:
+    faults = [
+        {"t": 5.0, "kind": cl.STREAM_KILL, "end_t": 5.0, "target": "driver_jvm", "pid": 7},
+        {"t": 50.0, "kind": cl.UNPLANNED, "component": "airflow", "restarted_after_s": 40.0, "end_t": 90.0},
+    ]
+    rows = cl.fault_outcomes(faults, [{"t": 20.0, "kind": "stream_started"}])
+    assert rows[1] == faults[1]
+    md = cl.markdown({
+        "command": "c", "seed": 1, "started_at": "2026-11-24T00:00:00Z", "verdict": "v",
+        "parameters": {"rate": 50, "topics": {"t": 2}, "invalid_ratio": 0.1, "out_of_order": 0.05, "late": 0.02,
+                       "poison_ratio": 0.1, "transaction_seconds": 1, "abort_ratio": 0.03,
+                       "allowed_lateness_seconds": 60, "trigger_seconds": 5, "supervisor_seconds": 30},
+        "faults": rows,
+    })
+    assert "airflow found dead, stopped by nothing in this run" in md and "started again by the chaos driver in 40.0 s" in md
+    assert "1 unplanned_death: a component killed from outside the run" in md
