@@ -228,7 +228,7 @@ def test_stream_summaries_equal_numpy_and_late_records_update_them(spark, summar
     requests.post(f"{config.influx_url()}/query", params={"db": config.influxdb.database, "q": 'DROP MEASUREMENT "lat"'},
                   timeout=10).raise_for_status()
     assert influx_summary_points(config, "lat") == {}
-    assert ss.influx_catch_up(spark, config, 0) == len(truth.expected())
+    assert ss.push_updated_to_influx(spark, config, 0) == len(truth.expected())
     assert_everywhere(spark, config, truth)
 
 

@@ -642,9 +642,9 @@ def influx_catch_up(
         if batch:
             summary["points"] += sink.write(count_points(batch))
     if config.summaries:  # streaming summaries updated since then, too (their stream push shares the pending state)
-        from kdq.spark.summaries import influx_catch_up as summaries_catch_up
+        from kdq.spark.summaries import push_updated_to_influx
 
-        summary["summary_points"] = summaries_catch_up(spark, config, since, chunk)
+        summary["summary_points"] = push_updated_to_influx(spark, config, since, chunk)
     after = state.read()
     covered = pending is None or since <= pending
     if after.get("failures", 0) == before.get("failures", 0) and covered and after.get("pending_since_ms") is not None:
