@@ -1,0 +1,456 @@
+"""The data-quality page of the Airflow UI, the pure part: its SQL, the shaping of the rows, stream health.
+
+The page (``plugins/kdq_airflow/quality_app.py``, rendered by :mod:`kdq.quality_html`) shows per topic the
+valid and invalid counts and the invalid ratio over the last hour (per minute) and the last day (per hour),
+the top invalid reasons of the day with one sample each, recent corrections and the stream's health.
+
+**Where the numbers come from.** Counts, reasons, samples and corrections are Delta tables; the page reads
+them through the always-on SQL endpoint (Spark Connect), never with a Spark driver of its own: a JVM per
+request in the API server would take a minute and a gigabyte. Everything here builds SQL text and shapes
+the rows it returns, so the plugin only runs four statements (:data:`QUERIES`) and renders the model;
+unit tests feed rows without any endpoint. Stream health comes from the stream's state files
+(:mod:`kdq.stream_state`), which the API server reads on the same machine.
+
+**Time ranges.** One instant ``now`` per page: the hour is the 60 minutes ``[m - 59 min, m + 1 min)`` with
+``m`` the start of the current minute, the day the 24 hours ``[h - 23 h, h + 1 h)`` with ``h`` the start of
+the current hour (UTC, by window start, i.e. event time). The totals of a topic are the sums of its
+chart's buckets, so what the table says is exactly what the bars add up to. Only instants kdq computed
+become SQL text (:mod:`kdq.sql_literals`); topic names never do (they are only read back).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from kdq.sql_literals import date_literal, timestamp_literal
+from kdq.stream_state import PROGRESS_LOG, state_dir
+from kdq.windows import HOUR_MS, event_hour
+
+MINUTE_MS = 60_000
+TOP_REASONS = 5  # per topic
+CORRECTIONS_PER_TOPIC = 10
+PREVIEW_CHARS = 200  # of the sample's 512-character preview
+
+
+@dataclass(frozen=True)
+class PageRange:
+    """The page's two time ranges, from one instant (epoch millis)."""
+
+    now_ms: int
+
+    @property
+    def hour_from_ms(self) -> int:
+        return self.now_ms // MINUTE_MS * MINUTE_MS - 59 * MINUTE_MS
+
+    @property
+    def hour_to_ms(self) -> int:
+        return self.now_ms // MINUTE_MS * MINUTE_MS + MINUTE_MS
+
+    @property
+    def day_from_ms(self) -> int:
+        return self.now_ms // HOUR_MS * HOUR_MS - 23 * HOUR_MS
+
+    @property
+    def day_to_ms(self) -> int:
+        return self.now_ms // HOUR_MS * HOUR_MS + HOUR_MS
+
+    def buckets(self, scale: str) -> list[int]:
+        """Every bucket start of a scale (``hour``: 60 minutes, ``day``: 24 hours), oldest first."""
+        if scale == "hour":
+            return list(range(self.hour_from_ms, self.hour_to_ms, MINUTE_MS))
+        if scale == "day":
+            return list(range(self.day_from_ms, self.day_to_ms, HOUR_MS))
+        raise ValueError(f"unknown scale {scale!r}: expected 'hour' or 'day'")
+
+
+# -- SQL ---------------------------------------------------------------------------------------------------
+
+
+def counts_sql(db: str, page: PageRange) -> str:
+    """Valid/invalid sums per (scale, topic, bucket): minutes of the last hour and hours of the last day.
+
+    The ``window_date`` predicates let Delta prune the table's partitions (the day spans two dates at most).
+    A status with no row in a window counts 0 (window_counts has no zero rows).
+    """
+
+    def part(scale: str, unit: str, start: int, end: int) -> str:
+        return (
+            f"SELECT '{scale}' AS scale, topic, unix_millis(date_trunc('{unit}', window_start)) AS bucket_ms, "
+            "SUM(CASE WHEN status = 'valid' THEN count ELSE 0 END) AS valid, "
+            "SUM(CASE WHEN status = 'invalid' THEN count ELSE 0 END) AS invalid "
+            f"FROM {db}.window_counts WHERE window_date >= {date_literal(start)} "
+            f"AND window_date <= {date_literal(end - 1)} "
+            f"AND window_start >= {timestamp_literal(start)} AND window_start < {timestamp_literal(end)} "
+            "GROUP BY topic, date_trunc('" + unit + "', window_start)"
+        )
+
+    return (
+        part("hour", "MINUTE", page.hour_from_ms, page.hour_to_ms)
+        + " UNION ALL "
+        + part("day", "HOUR", page.day_from_ms, page.day_to_ms)
+    )
+
+
+def reasons_sql(db: str, page: PageRange, top: int = TOP_REASONS) -> str:
+    """The ``top`` reasons of the day per topic (invalid_reason_counts), each with its most recent sample.
+
+    Samples come from the invalid_samples view over the raw archive; its ``event_hour`` filter prunes the
+    archive to the day's partitions. A reason whose raw rows the retention deleted has no sample (NULLs).
+    """
+    start, end = timestamp_literal(page.day_from_ms), timestamp_literal(page.day_to_ms)
+    return (
+        "WITH reasons AS ("
+        f"SELECT topic, reason, SUM(count) AS n FROM {db}.invalid_reason_counts "
+        f"WHERE window_start >= {start} AND window_start < {end} GROUP BY topic, reason HAVING SUM(count) <> 0), "
+        "ranked AS (SELECT topic, reason, n, row_number() OVER (PARTITION BY topic ORDER BY n DESC, reason) AS r "
+        "FROM reasons), "
+        "samples AS (SELECT topic, reason, partition, offset, value_preview, value_bytes, "
+        "row_number() OVER (PARTITION BY topic, reason ORDER BY window_start DESC, partition, offset) AS s "
+        f"FROM {db}.invalid_samples WHERE event_hour >= '{event_hour(page.day_from_ms)}' "
+        f"AND event_hour <= '{event_hour(page.day_to_ms - 1)}' "
+        f"AND window_start >= {start} AND window_start < {end}) "
+        "SELECT ranked.topic, ranked.reason, ranked.n AS count, samples.partition, samples.offset, "
+        "samples.value_preview, samples.value_bytes FROM ranked LEFT JOIN samples "
+        "ON samples.topic = ranked.topic AND samples.reason = ranked.reason AND samples.s = 1 "
+        f"WHERE ranked.r <= {int(top)} ORDER BY ranked.topic, ranked.r"
+    )
+
+
+def corrections_sql(db: str, per_topic: int = CORRECTIONS_PER_TOPIC) -> str:
+    """The most recent corrections per topic (any time: corrections are rare and worth seeing)."""
+    return (
+        "SELECT topic, window_ms, status, old_count, new_count, reason, run_id, corrected_ms FROM ("
+        "SELECT topic, unix_millis(window_start) AS window_ms, status, old_count, new_count, reason, run_id, "
+        "unix_millis(corrected_at) AS corrected_ms, row_number() OVER (PARTITION BY topic "
+        "ORDER BY corrected_at DESC, window_start DESC, status) AS r "
+        f"FROM {db}.corrections) WHERE r <= {int(per_topic)} ORDER BY topic, r"
+    )
+
+
+def page_queries(db: str, page: PageRange) -> dict[str, str]:
+    """Every statement the page runs, by the name :func:`build_model` expects its rows under."""
+    return {"counts": counts_sql(db, page), "reasons": reasons_sql(db, page), "corrections": corrections_sql(db)}
+
+
+QUERIES = ("counts", "reasons", "corrections")
+
+
+# -- the model the page renders ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start_ms: int
+    valid: int
+    invalid: int
+
+    @property
+    def total(self) -> int:
+        return self.valid + self.invalid
+
+    @property
+    def ratio(self) -> float | None:
+        return self.invalid / self.total if self.total else None
+
+
+@dataclass(frozen=True)
+class Series:
+    """One chart: every bucket of a scale (zeros where nothing was counted) and their sums."""
+
+    scale: str
+    buckets: tuple[Bucket, ...]
+
+    @property
+    def valid(self) -> int:
+        return sum(b.valid for b in self.buckets)
+
+    @property
+    def invalid(self) -> int:
+        return sum(b.invalid for b in self.buckets)
+
+    @property
+    def total(self) -> int:
+        return self.valid + self.invalid
+
+    @property
+    def ratio(self) -> float | None:
+        return self.invalid / self.total if self.total else None
+
+
+@dataclass(frozen=True)
+class Reason:
+    reason: str
+    count: int
+    sample_partition: int | None = None
+    sample_offset: int | None = None
+    sample_preview: str | None = None
+    sample_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Correction:
+    window_ms: int
+    status: str
+    old_count: int
+    new_count: int
+    reason: str
+    run_id: str | None
+    corrected_ms: int
+    run_url: str | None = None  # the Airflow DAG run that made it, when Airflow knows the run id
+
+
+@dataclass(frozen=True)
+class TopicHealth:
+    consumer_lag: int | None = None  # messages behind the end of the topic, after the last batch
+    event_time_lag_ms: int | None = None  # now minus the topic's largest event time, at the last batch
+    late_rows_last_batch: int | None = None
+    late_rows_hour: int = 0  # left to the batch layer by the batches of the last hour (progress log)
+
+
+@dataclass(frozen=True)
+class StreamHealth:
+    state: str  # running | stopped | never started
+    heartbeat_age_s: float | None = None
+    last_batch_id: int | None = None
+    last_batch_ms: int | None = None
+    last_batch_rows: int | None = None
+    failure: str | None = None  # the micro-batch that keeps failing (kdq stream-failure)
+    influx_pending_since_ms: int | None = None
+    topics: Mapping[str, TopicHealth] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TopicView:
+    topic: str
+    hour: Series
+    day: Series
+    reasons: tuple[Reason, ...] = ()
+    corrections: tuple[Correction, ...] = ()
+    health: TopicHealth = field(default_factory=TopicHealth)
+
+
+@dataclass(frozen=True)
+class DagRunLink:
+    dag_id: str
+    run_id: str
+    state: str | None
+    run_after_ms: int | None
+    url: str
+
+
+@dataclass(frozen=True)
+class PageModel:
+    page: PageRange
+    topics: tuple[TopicView, ...]
+    stream: StreamHealth
+    dag_runs: tuple[DagRunLink, ...] = ()
+    sql_error: str | None = None  # why counts, reasons and corrections are missing (the endpoint is down)
+    sql_source: str | None = None  # where they came from (the endpoint's address)
+    query_seconds: float | None = None
+    dag_ids: tuple[str, ...] = ()  # kdq's DAGs, linked from the page
+
+
+def dag_run_url(dag_id: str, run_id: str) -> str:
+    """The Airflow 3 UI's page of one DAG run (relative to the API server's root)."""
+    return f"/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+
+
+def dag_url(dag_id: str) -> str:
+    return f"/dags/{quote(dag_id, safe='')}/runs"
+
+
+def _int(value: Any) -> int:
+    return int(value or 0)
+
+
+def shape_counts(rows: Iterable[Mapping[str, Any]], page: PageRange) -> dict[str, dict[str, Series]]:
+    """Rows of :func:`counts_sql` → topic → {"hour": Series, "day": Series}, every bucket present."""
+    sums: dict[tuple[str, str, int], tuple[int, int]] = {}
+    for row in rows:
+        key = (row["topic"], row["scale"], int(row["bucket_ms"]))
+        valid, invalid = sums.get(key, (0, 0))
+        sums[key] = (valid + _int(row["valid"]), invalid + _int(row["invalid"]))
+    topics = sorted({topic for topic, _, _ in sums})
+    out: dict[str, dict[str, Series]] = {}
+    for topic in topics:
+        out[topic] = {
+            scale: Series(scale, tuple(Bucket(b, *sums.get((topic, scale, b), (0, 0))) for b in page.buckets(scale)))
+            for scale in ("hour", "day")
+        }
+    return out
+
+
+def shape_reasons(rows: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Reason, ...]]:
+    out: dict[str, list[Reason]] = {}
+    for row in rows:
+        preview = row.get("value_preview")
+        out.setdefault(row["topic"], []).append(
+            Reason(
+                reason=row["reason"],
+                count=_int(row["count"]),
+                sample_partition=None if row.get("partition") is None else int(row["partition"]),
+                sample_offset=None if row.get("offset") is None else int(row["offset"]),
+                sample_preview=None if preview is None else str(preview)[:PREVIEW_CHARS],
+                sample_bytes=None if row.get("value_bytes") is None else int(row["value_bytes"]),
+            )
+        )
+    return {topic: tuple(reasons) for topic, reasons in out.items()}
+
+
+def shape_corrections(
+    rows: Iterable[Mapping[str, Any]], run_urls: Mapping[str, str] | None = None
+) -> dict[str, tuple[Correction, ...]]:
+    """Rows of :func:`corrections_sql` → topic → corrections, newest first; ``run_urls``: run id → DAG run page."""
+    run_urls = run_urls or {}
+    out: dict[str, list[Correction]] = {}
+    for row in rows:
+        run_id = row.get("run_id")
+        out.setdefault(row["topic"], []).append(
+            Correction(
+                window_ms=int(row["window_ms"]),
+                status=row["status"],
+                old_count=_int(row["old_count"]),
+                new_count=_int(row["new_count"]),
+                reason=row.get("reason") or "",
+                run_id=run_id,
+                corrected_ms=int(row["corrected_ms"]),
+                run_url=run_urls.get(run_id) if run_id else None,
+            )
+        )
+    return {topic: tuple(corrections) for topic, corrections in out.items()}
+
+
+def correction_run_ids(rows: Iterable[Mapping[str, Any]]) -> set[str]:
+    return {row["run_id"] for row in rows if row.get("run_id")}
+
+
+def stream_health(
+    status: Mapping[str, Any], progress_log: Sequence[Mapping[str, Any]], now_ms: int, stale_after_s: float = 120.0
+) -> StreamHealth:
+    """The stream's state files (:func:`kdq.stream_state.stream_status`) and its recent progress records
+    (``progress.jsonl``, oldest first) → health. A heartbeat older than ``stale_after_s`` reads as stopped:
+    a SIGKILLed driver cannot write "stopped"."""
+    beat = status.get("heartbeat") or {}
+    progress = status.get("progress") or {}
+    age = None
+    if beat.get("time_ms"):
+        age = max(0.0, (now_ms - int(beat["time_ms"])) / 1000)
+    if not beat:
+        state = "never started"
+    elif beat.get("state") == "running" and age is not None and age <= stale_after_s:
+        state = "running"
+    elif beat.get("state") == "running":
+        state = f"no heartbeat for {age:.0f} s"
+    else:
+        state = str(beat.get("state") or "unknown")
+    late_hour: dict[str, int] = {}
+    for record in progress_log:
+        if _record_ms(record) >= now_ms - HOUR_MS:
+            for topic, rows in (record.get("late_rows") or {}).items():
+                late_hour[topic] = late_hour.get(topic, 0) + int(rows or 0)
+    lag = progress.get("consumer_lag") or {}
+    event_lag = progress.get("event_time_lag_ms") or {}
+    last_late = progress.get("late_rows") or {}
+    topics = {
+        topic: TopicHealth(
+            consumer_lag=None if topic not in lag else int(lag[topic]),
+            event_time_lag_ms=None if topic not in event_lag else int(event_lag[topic]),
+            late_rows_last_batch=int(last_late.get(topic, 0)) if progress else None,
+            late_rows_hour=late_hour.get(topic, 0),
+        )
+        for topic in sorted({*lag, *event_lag, *last_late, *late_hour})
+    }
+    failure = status.get("batch_failure") or None
+    return StreamHealth(
+        state=state,
+        heartbeat_age_s=age,
+        last_batch_id=progress.get("batch_id"),
+        last_batch_ms=_record_ms(progress) if progress else None,
+        last_batch_rows=progress.get("input_rows"),
+        failure=(
+            f"batch {failure.get('batch_id')} failed {failure.get('attempts', '?')} time(s): "
+            f"{str(failure.get('error') or '').strip()[:300]}"
+            if failure
+            else None
+        ),
+        influx_pending_since_ms=(status.get("influx_push") or {}).get("pending_since_ms"),
+        topics=topics,
+    )
+
+
+def read_progress_log(config: Any, max_bytes: int = 1024 * 1024) -> list[dict[str, Any]]:
+    """The stream's recent progress records (``progress.jsonl``, oldest first): the file's last ``max_bytes``
+    (an hour of 1-second batches is about 1 MB), a torn or partial line skipped."""
+    path = state_dir(config) / PROGRESS_LOG
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, 2)
+            size = log.tell()
+            log.seek(max(0, size - max_bytes))
+            data = log.read()
+    except FileNotFoundError:
+        return []
+    records = []
+    lines = data.decode("utf-8", "replace").splitlines()
+    for line in lines[1:] if size > max_bytes else lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _record_ms(record: Mapping[str, Any]) -> int:
+    """A progress record's time: Spark's ISO-8601 ``timestamp`` of the batch's trigger (UTC)."""
+    text = record.get("timestamp")
+    if not text:
+        return 0
+    try:
+        return int(datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return 0
+
+
+def build_model(
+    page: PageRange,
+    rows: Mapping[str, Sequence[Mapping[str, Any]]] | None,
+    stream: StreamHealth,
+    dag_runs: Sequence[DagRunLink] = (),
+    sql_error: str | None = None,
+    sql_source: str | None = None,
+    query_seconds: float | None = None,
+    dag_ids: Sequence[str] = (),
+) -> PageModel:
+    """Everything the page shows. ``rows``: the rows of each of :data:`QUERIES` (None when the endpoint could
+    not be asked: the topics then come from the stream's health alone)."""
+    rows = rows or {}
+    run_urls = {link.run_id: link.url for link in dag_runs}
+    counts = shape_counts(rows.get("counts", ()), page)
+    reasons = shape_reasons(rows.get("reasons", ()))
+    corrections = shape_corrections(rows.get("corrections", ()), run_urls)
+    empty = {scale: Series(scale, tuple(Bucket(b, 0, 0) for b in page.buckets(scale))) for scale in ("hour", "day")}
+    names = sorted({*counts, *reasons, *corrections, *stream.topics})
+    topics = tuple(
+        TopicView(
+            topic=name,
+            hour=counts.get(name, empty)["hour"],
+            day=counts.get(name, empty)["day"],
+            reasons=reasons.get(name, ()),
+            corrections=corrections.get(name, ()),
+            health=stream.topics.get(name, TopicHealth()),
+        )
+        for name in names
+    )
+    return PageModel(page, topics, stream, tuple(dag_runs), sql_error, sql_source, query_seconds, tuple(dag_ids))
+
+
+def rows_as_dicts(rows: Iterable[Any]) -> list[dict[str, Any]]:
+    """Spark Rows (anything with ``asDict``) or mappings → plain dicts."""
+    return [row.asDict() if hasattr(row, "asDict") else dict(row) for row in rows]
