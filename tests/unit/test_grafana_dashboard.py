@@ -1,10 +1,13 @@
 """The provisioned Grafana dashboard queries exactly what the pipeline writes to InfluxDB.
 
-The InfluxDB contract (PRODUCT.md and the writers in include/kdq):
+The InfluxDB contract is taken from the code that writes it, not restated here:
 
-- measurement = topic name, integer fields ``valid`` and ``invalid``, time = window start;
-- ``kdq.corrections``: tags topic, status, reason; fields old_count, new_count, delta;
-- ``kdq.stream``: tag topic; fields late_rows, input_rows, lag_messages.
+- counts (``kdq.influx.count_points``): measurement = topic name, integer fields ``valid`` and ``invalid``;
+- streaming summaries (``kdq.summaries.summary_point``, for every summary of the repository's kdq.toml,
+  which the compose deployment mounts): measurement = summary name, tags ``topic`` and the group fields,
+  fields ``count``, ``rejected`` and the statistics (``mean``, ``p50``, ...);
+- ``kdq.stream`` (the speed layer's per-batch health, ``SpeedLayer._push_influx``): tag ``topic``, the fields
+  of its ``Point("kdq.stream", ...)`` literal.
 
 A panel that filters on another measurement or field would show "No data" forever,
 which nobody notices until the day they need the dashboard.
@@ -27,12 +30,33 @@ DASHBOARD = GRAFANA / "dashboards" / "kdq-data-quality.json"
 DATASOURCE = GRAFANA / "provisioning" / "datasources" / "influxdb.yml"
 PROVIDERS = GRAFANA / "provisioning" / "dashboards" / "kdq.yml"
 
-TOPIC_FIELDS = {"valid", "invalid"}
-CONTRACT_FIELDS = {
-    "kdq.corrections": {"old_count", "new_count", "delta"},
-    "kdq.stream": {"late_rows", "input_rows", "lag_messages"},
-}
-CONTRACT_TAGS = {"kdq.corrections": {"topic", "status", "reason"}, "kdq.stream": {"topic"}}
+
+def _written_contract() -> tuple[set[str], dict[str, set[str]], dict[str, set[str]], dict[str, set[str]]]:
+    """(topic fields, {pipeline measurement: fields}, {measurement: tags}, {summary: fields}) from kdq's writers."""
+    from kdq.config import load_config
+    from kdq.influx import count_points
+    from kdq.summaries import SummaryState, statistics, summary_point
+
+    (point,) = count_points([{"topic": "t", "window_start_ms": 0, "valid": 1, "invalid": None}])
+    topic_fields = set(point.fields)
+    source = (PROJECT_ROOT / "include" / "kdq" / "spark" / "speed_layer.py").read_text()
+    literal = re.search(r'Point\(\s*"kdq\.stream",[^{]*\{(?P<fields>[^}]*)\},\s*\{(?P<tags>[^}]*)\}', source)
+    assert literal, 'speed_layer.py no longer writes Point("kdq.stream", ...): update the dashboard and this test'
+    fields = {"kdq.stream": set(re.findall(r'"([a-z_]+)":', literal["fields"]))}
+    tags = {"kdq.stream": set(re.findall(r'"([a-z_]+)":', literal["tags"]))}
+    summaries = {}
+    config = load_config(path=PROJECT_ROOT / "kdq.toml", env={})
+    for summary in config.summaries:
+        state = SummaryState.of_values([1.5, 2.5, "x"], summary)
+        groups = {path: "g" for path in summary.group_by}
+        point = summary_point(summary, "t", 0, groups, statistics(state, summary.percentiles))
+        summaries[summary.name] = set(point.fields)
+        tags[summary.name] = set(point.tags)
+    return topic_fields, fields, tags, summaries
+
+
+TOPIC_FIELDS, CONTRACT_FIELDS, CONTRACT_TAGS, SUMMARY_FIELDS = _written_contract()
+SUMMARY_MEASUREMENT = re.compile(r"r\._measurement\s*=~\s*/\^\$\{summary(:regex)?\}\$/")
 TOPIC_MEASUREMENT = re.compile(r"r\._measurement\s*=~\s*/\^\$\{topic(:regex)?\}\$/|r\._measurement\s*==\s*v\.topic")
 TOPIC_TAG = re.compile(r"r\.topic\s*=~\s*/\^\$\{topic(:regex)?\}\$/|r\.topic\s*==\s*v\.topic")
 
@@ -100,8 +124,12 @@ def test_topic_variable_lists_topic_measurements_only(dashboard: dict[str, Any])
     (topic,) = [v for v in dashboard["templating"]["list"] if v["name"] == "topic"]
     query = topic["query"] if isinstance(topic["query"], str) else topic["query"]["query"]
     assert 'import "influxdata/influxdb/schema"' in query
-    assert 'schema.measurements(bucket: "kdq")' in query
-    # The pipeline's own measurements (kdq.corrections, kdq.stream) are not topics.
+    # Topics are the measurements with a `valid` field: summaries (field `rejected`) are not topics.
+    assert re.search(
+        r'schema\.tagValues\(bucket: "kdq", tag: "_measurement", predicate: \(r\) => r\._field == "valid"', query
+    ), query
+    assert "valid" in TOPIC_FIELDS and not any("valid" in fields for fields in SUMMARY_FIELDS.values())
+    # The pipeline's own measurements (kdq.stream) are not topics.
     assert re.search(r'not\s+strings\.hasPrefix\(v:\s*r\._value,\s*prefix:\s*"kdq\."\)', query) or re.search(
         r"!~\s*/\^kdq\\\.", query
     ), query
@@ -126,6 +154,14 @@ def test_every_query_filters_on_contract_measurement_and_fields(dashboard: dict[
         if TOPIC_MEASUREMENT.search(query):
             assert not named, f"{title}: mixes the topic measurement with {named}"
             assert fields <= TOPIC_FIELDS, f"{title}: fields {fields - TOPIC_FIELDS} are not written for topics"
+        elif SUMMARY_MEASUREMENT.search(query):
+            assert not named, f"{title}: mixes the summary measurement with {named}"
+            assert SUMMARY_FIELDS, "kdq.toml configures no summary: the summary panels would show nothing"
+            for summary, written in SUMMARY_FIELDS.items():
+                assert fields <= written, f"{title}: summary {summary!r} has no fields {fields - written}"
+                assert TOPIC_TAG.search(query), f"{title}: summaries are not filtered on the topic variable"
+                for tag in re.findall(r"\br\.([a-z_]+)\b", query):
+                    assert tag.startswith("_") or tag in CONTRACT_TAGS[summary], f"{title}: {summary} has no tag {tag}"
         else:
             assert len(named) == 1, f"{title}: expected one measurement filter, got {named}"
             (measurement,) = named
@@ -165,12 +201,6 @@ def test_invalid_ratio_panel(dashboard: dict[str, Any]) -> None:
         assert "> 0.0" in query, f"{title}: a window with no messages would divide by zero"
 
 
-def test_corrections_panels(dashboard: dict[str, Any]) -> None:
-    queries = [(t, q) for t, q in _queries(dashboard) if _measurements(q) == {"kdq.corrections"}]
-    assert queries, "no panel shows kdq.corrections"
-    assert set().union(*(_fields(q) for _, q in queries)) == CONTRACT_FIELDS["kdq.corrections"]
-
-
 def test_late_rows_panel(dashboard: dict[str, Any]) -> None:
     queries = [(t, q) for t, q in _queries(dashboard) if _measurements(q) == {"kdq.stream"}]
     assert any("late_rows" in _fields(q) for _, q in queries), "no panel shows kdq.stream late_rows"
@@ -202,3 +232,39 @@ def test_provider_path_is_where_compose_mounts_the_dashboards() -> None:
         assert home == f"{path.rstrip('/')}/{DASHBOARD.name}"
     # Grafana's provisioning expands $KDQ_INFLUXDB_TOKEN from its own environment.
     assert "KDQ_INFLUXDB_TOKEN" in compose["services"]["grafana"]["environment"]
+
+
+def test_summary_variable_lists_summary_measurements(dashboard: dict[str, Any]) -> None:
+    (summary,) = [v for v in dashboard["templating"]["list"] if v["name"] == "summary"]
+    assert summary["multi"] and summary["includeAll"]
+    assert re.search(
+        r'schema\.tagValues\(bucket: "kdq", tag: "_measurement", predicate: \(r\) => r\._field == "rejected"',
+        summary["query"],
+    ), summary["query"]
+    # `rejected` is written for every summary and for nothing else.
+    assert all("rejected" in fields for fields in SUMMARY_FIELDS.values())
+    assert "rejected" not in TOPIC_FIELDS and not any("rejected" in f for f in CONTRACT_FIELDS.values())
+
+
+def test_summary_panels_show_every_statistic(dashboard: dict[str, Any]) -> None:
+    """The streaming summaries (README, "Streaming summaries"): percentiles, mean, min/max/stddev, count and
+    rejected, each on a panel under the "Streaming summaries" row."""
+    rows = [p for p in dashboard["panels"] if p.get("type") == "row"]
+    (row,) = [r for r in rows if r["title"] == "Streaming summaries"]
+    below = [p for p in dashboard["panels"] if p.get("type") != "row" and p["gridPos"]["y"] > row["gridPos"]["y"]]
+    queries = [t["query"] for p in below for t in p["targets"] if SUMMARY_MEASUREMENT.search(t["query"])]
+    assert queries, "no summary panel"
+    shown = set().union(*(_fields(q) for q in queries))
+    for summary, written in SUMMARY_FIELDS.items():
+        assert written <= shown, f"summary {summary!r}: fields {written - shown} are on no panel"
+    # Percentiles are exact per window: never averaged or summed across windows by the dashboard.
+    for query in queries:
+        if _fields(query) & {f for f in shown if re.fullmatch(r"p[0-9.]+", f)}:
+            assert "aggregateWindow" not in query and "mean()" not in query and "sum()" not in query, query
+
+
+def test_no_panel_uses_a_measurement_kdq_does_not_write(dashboard: dict[str, Any]) -> None:
+    written = set(CONTRACT_FIELDS) | set(SUMMARY_FIELDS)
+    for title, query in _queries(dashboard):
+        for measurement in _measurements(query):
+            assert measurement in written, f"{title}: kdq writes no measurement {measurement!r}"
