@@ -9,7 +9,7 @@ The batch layer for one hour of **ingest time**, the run's data interval `[logic
 2. `push_corrections`: `spark_jobs/push_corrections.py` sends the current absolute count of every window
    the interval's corrections touched to the metrics topic and InfluxDB (a failed InfluxDB write is
    recorded for the catch-up and fails the task; a retry pushes again, harmlessly). Succeeds without a
-   Spark job when the recompute's summary (its XCom) reports no late window in the interval.
+   Spark job when the recompute's report (its XCom, `kdq.job_reports.RecomputeReport`) has no late window in the interval.
 3. `influx_catch_up`: pushes every window updated since the first failed InfluxDB push of the stream or
    of step 2; succeeds at once, without a Spark job, when nothing is pending.
 4. `reconcile`: offsets and counts of the interval checked against Kafka and the archive; fails the

@@ -10,7 +10,7 @@ the ones whose (topic, partition, offset) is not archived yet (counted =
 false, source = 'archive_from_kafka'). Re-running inserts nothing. The report
 (JSON on stdout) gives rows loaded, rows skipped as already archived, and per
 partition what Kafka no longer had (requested start below its earliest
-offset). Exit 0; 1 when part of the requested range is gone from Kafka.
+offset): kdq.job_reports.ArchiveReport. Exit 0; 1 when part of the requested range is gone from Kafka.
 Then run batch_recompute for the interval containing this run's ingest time
 to count the loaded windows. See kdq.spark.backfill.
 """
@@ -18,18 +18,13 @@ to count the loaded windows. See kdq.spark.backfill.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
-import time
 import uuid
 from collections.abc import Sequence
 
 from kdq.config import Config
+from kdq.job_reports import ArchiveReport
 from kdq.jobs import run_main, time_arg, topics_arg
-
-log = logging.getLogger("kdq.backfill")
-
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -48,15 +43,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run(spark, config: Config, args: argparse.Namespace) -> dict:
-    """Load one range in an existing session; returns (and prints) the JSON report (``ok``: nothing missing)."""
+def run(spark, config: Config, args: argparse.Namespace) -> ArchiveReport:
+    """Load one range in an existing session; returns its report (``ok``: nothing missing)."""
     from kdq.rules import load_rules
     from kdq.spark.backfill import archive_from_kafka
 
-    started = time.monotonic()
     start_time = getattr(args, "start_time", None)
     end_time = getattr(args, "end_time", None)
-    report = archive_from_kafka(
+    return archive_from_kafka(
         spark,
         config,
         load_rules(config.rules_dir),
@@ -66,10 +60,6 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
         end=end_time if end_time is not None else getattr(args, "ending_offsets", "latest"),
         run_id=getattr(args, "run_id", None) or f"archive-{uuid.uuid4().hex[:12]}",
     )
-    report["ok"] = not report["missing_in_kafka"]
-    report["seconds"] = round(time.monotonic() - started, 2)
-    print(json.dumps(report, default=str), flush=True)
-    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,23 +8,18 @@ started. This job pushes (absolute values, both fields) every window with a
 window_counts row updated at or after that time, or ``--since``, then clears
 the pending state. With nothing pending it does nothing unless ``--force``
 (push every window). Re-pushing is harmless: a point is keyed by topic and
-window start. Prints a JSON summary on stdout.
+window start. Prints its report (kdq.job_reports.CatchUpReport) as one JSON line on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
-import time
 from collections.abc import Sequence
 
 from kdq.config import Config
+from kdq.job_reports import CatchUpReport
 from kdq.jobs import run_main, time_arg
-
-log = logging.getLogger("kdq.batch")
-
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -35,20 +30,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run(spark, config: Config, args: argparse.Namespace) -> dict:
+def run(spark, config: Config, args: argparse.Namespace) -> CatchUpReport:
+    """Catch up in an existing session; returns its report (a refused InfluxDB write raises)."""
     from kdq.spark.batch_layer import influx_catch_up
-    from kdq.spark.tables import ensure_tables
 
-    started = time.monotonic()
-    ensure_tables(spark, config)
-    summary = influx_catch_up(spark, config, since_ms=getattr(args, "since", None), force=getattr(args, "force", False))
-    summary["seconds"] = round(time.monotonic() - started, 2)
-    print(json.dumps(summary, default=str), flush=True)
-    return summary
+    return influx_catch_up(spark, config, since_ms=getattr(args, "since", None), force=getattr(args, "force", False))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(argv, parse_args, run, app_name="kdq-influx-catch-up", exit_code=lambda _summary: 0)
+    return run_main(argv, parse_args, run, app_name="kdq-influx-catch-up")
 
 
 if __name__ == "__main__":

@@ -3,22 +3,22 @@
     spark-submit spark_jobs/maintenance.py [--config kdq.toml] [--archive-retention-days 30] \
         [--vacuum-retain-hours 168] [--today 2026-11-24]
 
-The steps and why they are safe next to the running stream: :mod:`kdq.spark.maintenance`. Prints a JSON
-summary (what each step did). ``--today`` (UTC date; default: now) sets which partitions are closed and
+The steps and why they are safe next to the running stream: :mod:`kdq.spark.maintenance`. Prints its report
+(kdq.job_reports.MaintenanceReport: what each step did). ``--today`` (UTC date; default: now) sets which partitions are closed and
 the retention's bounds.
 
-main(argv) → args → frozen config → session → run(spark, config, args).
+main(argv) → args → frozen config → session → kdq.spark.maintenance.run_maintenance → report.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from collections.abc import Sequence
 
 from kdq.config import Config
+from kdq.job_reports import MaintenanceReport
 from kdq.jobs import run_main
 
 
@@ -31,14 +31,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run(spark, config: Config, args: argparse.Namespace) -> dict:
-    """Run the maintenance in an existing session; returns (and prints) the JSON summary."""
+def run(spark, config: Config, args: argparse.Namespace) -> MaintenanceReport:
+    """Run the maintenance in an existing session; returns its report."""
     from kdq.spark.maintenance import run_maintenance
 
     today = getattr(args, "today", None) or dt.datetime.now(dt.UTC).date()
-    summary = run_maintenance(spark, config, args.archive_retention_days, args.vacuum_retain_hours, today)
-    print(json.dumps(summary, default=str), flush=True)
-    return summary
+    return run_maintenance(spark, config, args.archive_retention_days, args.vacuum_retain_hours, today)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,25 +11,21 @@ window with both fields; likewise every streaming-summary group the interval
 corrected (summary_corrections → summaries). Absolute values make a re-run harmless, so a failed
 push is fixed by running the task again. When InfluxDB refuses the points the
 failure is recorded in the stream's push state (for the InfluxDB catch-up)
-and the job exits 1; a metrics-topic failure raises. Prints a JSON summary.
+and the job exits 1; a metrics-topic failure raises. Prints its report (kdq.job_reports.PushReport).
 
-main(argv) → args → frozen config → session → run(spark, config, args).
+main(argv) → args → frozen config → session → kdq.spark.recompute.push_interval → report.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
-import time
 from collections.abc import Sequence
 
 from kdq.config import Config
-from kdq.intervals import iso, resolve_interval
+from kdq.intervals import resolve_interval
+from kdq.job_reports import PushReport
 from kdq.jobs import interval_parser, parse_interval_args, run_main
-
-log = logging.getLogger("kdq.batch")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -37,37 +33,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parse_interval_args(parser, argv)
 
 
-def run(spark, config: Config, args: argparse.Namespace) -> dict:
-    """Push one interval's corrected windows in an existing session; returns (and prints) the JSON summary."""
-    from kdq.spark import batch_layer as bl
-    from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections
-    from kdq.spark.tables import ensure_tables
-    from kdq.spark.writers import now_ms
-    from kdq.stream_state import InfluxPushState
+def run(spark, config: Config, args: argparse.Namespace) -> PushReport:
+    """Push one interval's corrected windows in an existing session; returns its report."""
+    from kdq.spark.recompute import push_interval
 
-    started = time.monotonic()
-    started_ms = now_ms()
-    interval = resolve_interval(getattr(args, "start", None), getattr(args, "end", None))
-    ensure_tables(spark, config)
-    keys = bl.interval_corrections(spark, config, interval)
-    summary: dict = {
-        "interval_start": iso(interval[0]),
-        "interval_end": iso(interval[1]),
-        "corrected_keys": len(keys),
-        "ok": True,
-    }
-    pushed = bl.push_corrections(spark, config, keys)
-    summary["push"] = pushed
-    summary_keys = interval_summary_corrections(spark, config, interval)
-    summary["corrected_summary_groups"] = len(summary_keys)
-    summary["summaries_push"] = push_summary_corrections(spark, config, summary_keys) if summary_keys else None
-    errors = [p.get("influx_error", "batch push failed") for p in (pushed, summary["summaries_push"]) if p and not p["influx_ok"]]
-    if errors:
-        InfluxPushState(config).record_failure(started_ms, "; ".join(errors))
-        summary["ok"] = False
-    summary["seconds"] = round(time.monotonic() - started, 2)
-    print(json.dumps(summary, default=str), flush=True)
-    return summary
+    return push_interval(spark, config, resolve_interval(getattr(args, "start", None), getattr(args, "end", None)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

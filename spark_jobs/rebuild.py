@@ -10,29 +10,24 @@ every window they were or now are in, MERGEs the differences into
 window_counts (corrections reason ``rule_change`` when the stored rules
 version differs, else ``rebuild``), updates the archive rows' classification
 (unless ``--keep-archive``) and pushes corrected windows to the metrics topic
-and InfluxDB. Running it again changes nothing. Prints a JSON summary on
-stdout; exit 1 when InfluxDB rejected the push (Delta and the metrics topic
-are done; spark_jobs/influx_catch_up.py repairs it). See kdq.spark.rebuild.
+and InfluxDB. Running it again changes nothing. Prints its report
+(kdq.job_reports.RebuildReport) as one JSON line on stdout; exit 1 when
+InfluxDB rejected the push (Delta and the metrics topic are done;
+spark_jobs/influx_catch_up.py repairs it). See kdq.spark.rebuild.
 
-main(argv) → args → frozen config → session → run(spark, config, args).
+main(argv) → args → frozen config → session → kdq.spark.rebuild.rebuild → report.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
-import time
 import uuid
 from collections.abc import Sequence
 
 from kdq.config import Config
+from kdq.job_reports import RebuildReport
 from kdq.jobs import run_main, time_arg, topics_arg
-
-log = logging.getLogger("kdq.rebuild")
-
-
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -50,17 +45,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def run(spark, config: Config, args: argparse.Namespace) -> dict:
-    """Rebuild one range in an existing session; returns (and prints) the JSON summary."""
+def run(spark, config: Config, args: argparse.Namespace) -> RebuildReport:
+    """Rebuild one range in an existing session; returns its report."""
     from kdq.rules import load_rules
     from kdq.spark.rebuild import rebuild
 
-    started = time.monotonic()
-    rules = load_rules(config.rules_dir)
-    summary = rebuild(
+    return rebuild(
         spark,
         config,
-        rules,
+        load_rules(config.rules_dir),
         int(args.from_ms),
         int(args.to_ms),
         topics=getattr(args, "topics", None) or None,
@@ -68,10 +61,6 @@ def run(spark, config: Config, args: argparse.Namespace) -> dict:
         push=not getattr(args, "skip_push", False),
         update_archive_rows=not getattr(args, "keep_archive", False),
     )
-    summary["rules_version"] = rules.version
-    summary["seconds"] = round(time.monotonic() - started, 2)
-    print(json.dumps(summary, default=str), flush=True)
-    return summary
 
 
 def main(argv: Sequence[str] | None = None) -> int:

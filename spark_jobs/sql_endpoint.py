@@ -2,35 +2,22 @@
 
     spark-submit spark_jobs/sql_endpoint.py [--config kdq.toml] --connect-port P [--thrift-port Q] [--host H]
 
-Two protocols from one session (one JVM, one copy of Delta's snapshot caches):
+Spark Connect (``sc://host:P``) and the Thrift server (HiveServer2, ``jdbc:hive2://host:Q/kdq``) from
+one session, opened only after every kdq table and view is registered (see kdq.spark.sql_server).
+Runs until SIGTERM (``kdq down``), then stops both servers and the session and prints its report
+(kdq.job_reports.EndpointReport).
 
-* **Spark Connect** (gRPC, ``sc://host:P``): PySpark's ``SparkSession.builder.remote``, `kdq sql`;
-* **Spark Thrift Server** (HiveServer2 binary protocol, ``jdbc:hive2://host:Q/kdq``): beeline, JDBC
-  and ODBC clients, BI tools.
-
-Both servers start only after every table and view is registered in the ``kdq`` schema (the session
-factory creates missing tables first), so an open port means the names resolve: a client never sees a
-half-registered catalog, and a table the stream creates later is already there because all of them are
-created at start. Every client session is a new session over the same in-memory catalog (tables and
-views are shared; SET and temporary views are per client). Reads go through Delta's snapshot
-isolation: a query sees the last committed MERGE of the stream, never half of one.
-
-Runs until SIGTERM (``kdq down``), then stops both servers and the session.
+main(argv) → args → frozen config → session → kdq.spark.sql_server.serve → report.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
-import threading
-import time
 from collections.abc import Sequence
 
 from kdq.config import Config
+from kdq.job_reports import EndpointReport
 from kdq.jobs import run_main
-
-log = logging.getLogger("kdq.sql_endpoint")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -42,45 +29,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def warm_up(spark, config: Config) -> None:
-    """One small aggregate over window_counts before the ports open: the first client query otherwise pays
-    for Delta's and Spark's class loading, code generation and the first log replay (measured: 15 s cold
-    vs 1 s warm on the 2-core machine). Only the last two days' partitions are read."""
-    started = time.monotonic()
-    spark.sql(
-        f"SELECT status, sum(count) FROM {config.spark.database}.window_counts "
-        "WHERE window_date >= date_sub(current_date(), 1) GROUP BY status"
-    ).collect()
-    log.info("warmed up in %.1f s", time.monotonic() - started)
+def run(spark, config: Config, args: argparse.Namespace) -> EndpointReport:
+    """Serve in an existing session until SIGTERM; returns its report."""
+    from kdq.spark.sql_server import serve
 
-
-def serve(spark, config: Config, args: argparse.Namespace, stop: threading.Event | None = None) -> dict:
-    """Start the servers on the session (its tables registered), block until ``stop`` or SIGTERM."""
-    stop = stop or threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    jvm = spark.sparkContext._jvm
-    warm_up(spark, config)
-    thrift = None
-    if args.thrift_port:
-        thrift = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
-            spark._jsparkSession.sqlContext()
-        )
-        log.info("Thrift server (HiveServer2) on %s:%d", args.host, args.thrift_port)
-    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
-    log.info("Spark Connect on sc://%s:%d", args.host, args.connect_port)
-    stop.wait()
-    log.info("stopping the SQL endpoint")
-    jvm.org.apache.spark.sql.connect.service.SparkConnectService.stop(
-        jvm.scala.Option.empty(), jvm.scala.Option.empty()
-    )
-    if thrift is not None:
-        thrift.stop()
-    return {"ok": True}
+    return serve(spark, config, args.host, args.connect_port, args.thrift_port)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(argv, parse_args, serve, app_name="kdq-sql-endpoint")
+    return run_main(argv, parse_args, run, app_name="kdq-sql-endpoint")
 
 
 if __name__ == "__main__":

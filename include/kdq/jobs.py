@@ -1,19 +1,22 @@
-"""The entrypoint shape every Spark job shares: main(argv) → args → frozen config → session → run().
+"""The entrypoint shape every Spark job shares: main(argv) → args → frozen config → session → run() → report.
 
-Each job module keeps its own ``parse_args`` and ``run(spark, config, args)``
-(which tests and the CLI call with an injected session); this module holds
-the argument types and the session lifecycle they would otherwise repeat.
+Each job module keeps its own ``parse_args`` and ``run(spark, config, args)``, which makes one library
+call and returns its :class:`kdq.job_reports.JobReport` (tests and the CLI call ``run`` with an injected
+session); this module holds the argument types, the session lifecycle, and the printing of the report
+(one JSON line on stdout, exit 1 when it is not ``ok``) they would otherwise repeat.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from kdq.config import Config, load_config
 from kdq.intervals import parse_time_ms, resolve_interval
+from kdq.job_reports import JobReport
 
 
 def time_arg(text: str) -> int:
@@ -51,12 +54,12 @@ def parse_interval_args(parser: argparse.ArgumentParser, argv: Sequence[str] | N
 def run_main(
     argv: Sequence[str] | None,
     parse_args: Callable[[Sequence[str] | None], argparse.Namespace],
-    run: Callable[[Any, Config, argparse.Namespace], Any],
+    run: Callable[[Any, Config, argparse.Namespace], JobReport],
     app_name: str,
-    exit_code: Callable[[Any], int] = lambda result: 0 if result.get("ok", True) else 1,
     before_session: Callable[[Config], None] | None = None,
 ) -> int:
-    """Parse, load the config (failing early on bad config), build the session, run, always stop it."""
+    """Parse, load the config (failing early on bad config), build the session, run, print the report, always
+    stop the session. The exit code is 0 when the report is ``ok``, else 1; an exception fails the job as usual."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     config = load_config(args.config)
@@ -66,6 +69,10 @@ def run_main(
 
     spark = build_session(config, app_name=app_name)
     try:
-        return exit_code(run(spark, config, args))
+        started = time.monotonic()
+        report = run(spark, config, args)
+        report.seconds = round(time.monotonic() - started, 2)
+        print(report.to_json(), flush=True)
+        return 0 if report.ok else 1
     finally:
         spark.stop()

@@ -32,16 +32,17 @@ def submit_settings(config: Any, job: str) -> dict[str, Any]:
     }
 
 
-def _summary_hook(**kwargs: Any) -> Any:
+def _report_hook(**kwargs: Any) -> Any:
     """A SparkSubmitHook that also keeps the last JSON object line of the job's output: every kdq job
-    prints its summary that way, and the operator returns it (the task's XCom, shown in the UI).
+    prints its report that way (:mod:`kdq.job_reports`), and the operator returns it (the task's XCom,
+    shown in the UI).
 
     Overrides the provider's log processing (pinned provider version), still letting it see every line.
     """
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    class SummaryHook(SparkSubmitHook):
-        summary: dict | None = None
+    class ReportHook(SparkSubmitHook):
+        report: dict | None = None
 
         def _process_spark_submit_log(self, itr: Any) -> None:
             def tee(lines: Any) -> Any:
@@ -53,18 +54,18 @@ def _summary_hook(**kwargs: Any) -> Any:
                         except ValueError:
                             parsed = None
                         if isinstance(parsed, dict):
-                            self.summary = parsed
+                            self.report = parsed
                     yield raw
 
             super()._process_spark_submit_log(tee(itr))
 
-    return SummaryHook(**kwargs)
+    return ReportHook(**kwargs)
 
 
 class KdqSparkJobOperator(BaseOperator):
     """Run ``spark_jobs/<job>.py`` with spark-submit; the task fails when the job exits non-zero.
 
-    Returns the job's JSON summary (its last JSON line on stdout) as the task's XCom.
+    Returns the job's report (its last JSON line on stdout; schema: :mod:`kdq.job_reports`) as the task's XCom.
 
     :param job: a file name in ``spark_jobs/`` without ``.py`` (``batch_recompute``, ``rebuild``, ...)
     :param job_args: the job's own arguments (templated: ``--start={{ data_interval_start }}``)
@@ -101,34 +102,29 @@ class KdqSparkJobOperator(BaseOperator):
         self.log.info("spark job %s %s", self.job, args)
         if self.config_path:
             args = ["--config", self.config_path, *args]
-        self._hook = _summary_hook(conn_id=self.conn_id, application_args=args, **submit_settings(config, self.job))
+        self._hook = _report_hook(conn_id=self.conn_id, application_args=args, **submit_settings(config, self.job))
         try:
             self._hook.submit(str(job_path(self.job)))
         except AirflowException:
             raise
         except Exception as exc:  # e.g. spark-submit missing: still a failed task with the reason
             raise AirflowException(f"kdq job {self.job} could not be submitted: {exc}") from exc
-        return self._hook.summary
+        return self._hook.report
 
     def on_kill(self) -> None:
         if self._hook is not None:
             self._hook.on_kill()
 
 
-def _no_summary_late_windows(recompute_summary: dict) -> bool:
-    """The streaming summaries' part of the recompute found no late window (or there are no summaries)."""
-    part = recompute_summary.get("summaries")
-    return not isinstance(part, dict) or part.get("late_windows", 0) == 0
-
-
 class PushCorrectionsOperator(KdqSparkJobOperator):
     """``spark_jobs/push_corrections.py`` for the data interval, unless the recompute found no late window.
 
     Corrections of an interval only ever come from its late windows (archive rows ingested in it that
-    the stream did not count), a fact of the interval itself: when the recompute task's summary reports
-    ``late_windows == 0`` no run of this interval can have recorded a correction, and the push would only
-    start a Spark session to read an empty result. With late windows it always runs, also when this
-    attempt recorded nothing new (an earlier attempt's push may have failed).
+    the stream did not count), a fact of the interval itself: when the recompute task's report
+    (:class:`kdq.job_reports.RecomputeReport`) has no late window, for the counts or the streaming
+    summaries, no run of this interval can have recorded a correction, and the push would only start a
+    Spark session to read an empty result. With late windows it always runs, also when this attempt
+    recorded nothing new (an earlier attempt's push may have failed), and without a report.
     """
 
     def __init__(self, *, recompute_task_id: str = "recompute", job: str = "push_corrections", **kwargs: Any) -> None:
@@ -136,8 +132,11 @@ class PushCorrectionsOperator(KdqSparkJobOperator):
         self.recompute_task_id = recompute_task_id
 
     def execute(self, context: Any) -> dict | None:
-        summary = context["ti"].xcom_pull(task_ids=self.recompute_task_id)
-        if isinstance(summary, dict) and summary.get("late_windows") == 0 and _no_summary_late_windows(summary):
+        from kdq.job_reports import RecomputeReport
+
+        printed = context["ti"].xcom_pull(task_ids=self.recompute_task_id)
+        # Only a report that says so skips the push: no XCom, or one without late_windows, pushes.
+        if isinstance(printed, dict) and "late_windows" in printed and not RecomputeReport.from_dict(printed).found_late_windows:
             self.log.info("the recompute found no late window in this interval: nothing to push")
             return None
         return super().execute(context)

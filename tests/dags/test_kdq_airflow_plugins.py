@@ -139,3 +139,29 @@ def test_maintenance_is_a_spark_job_like_the_others() -> None:
 
     args = maintenance.parse_args(task.job_args + ["--today", "2026-11-24"])
     assert (args.archive_retention_days, args.vacuum_retain_hours, args.today) == (7, 200, dt.date(2026, 11, 24))
+
+
+def test_push_corrections_reads_the_recompute_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kdq_airflow.operators import KdqSparkJobOperator, PushCorrectionsOperator
+
+    submitted: list[str] = []
+    monkeypatch.setattr(KdqSparkJobOperator, "execute", lambda self, context: submitted.append(self.job) or {"ok": True})
+
+    class TaskInstance:
+        def __init__(self, xcom):
+            self.xcom = xcom
+
+        def xcom_pull(self, task_ids):
+            assert task_ids == "recompute"
+            return self.xcom
+
+    task = PushCorrectionsOperator(task_id="push_corrections")
+    none_late = {"late_windows": 0, "corrections": 0, "summaries": {"late_windows": 0}, "ok": True}
+    assert task.execute({"ti": TaskInstance(none_late)}) is None and submitted == []
+    summaries_late = {**none_late, "summaries": {"late_windows": 2}}
+    assert task.execute({"ti": TaskInstance(summaries_late)}) == {"ok": True}
+    assert task.execute({"ti": TaskInstance({**none_late, "late_windows": 1})}) == {"ok": True}
+    # No report (or not a recompute report): push anyway.
+    assert task.execute({"ti": TaskInstance(None)}) == {"ok": True}
+    assert task.execute({"ti": TaskInstance({"ok": True})}) == {"ok": True}
+    assert submitted == ["push_corrections"] * 4

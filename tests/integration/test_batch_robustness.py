@@ -19,6 +19,7 @@ from spark_jobs import rebuild as rebuild_job
 
 from kdq.rules import load_rules
 from kdq.spark.batch_layer import stream_caught_up
+from kdq.spark.recompute import StreamBehind
 from kdq.spark.speed_layer import SpeedLayer
 from kdq.spark.writers import now_ms
 from kdq.stream_process import start_stream, stop_stream, stream_process
@@ -125,7 +126,7 @@ def test_hourly_recompute_fails_while_a_crashed_batch_awaits_its_replay(spark, l
         assert psutil.Process(pid).wait(timeout=300) == 137, stream_process(config).log_tail(40)
         assert marker.exists()
         interval_end = now_ms() + 1
-        with pytest.raises(batch_recompute.StreamBehind, match="has not committed every micro-batch"):
+        with pytest.raises(StreamBehind, match="has not committed every micro-batch"):
             batch_recompute.run(spark, config, _recompute_args(ingest_from, interval_end, "behind-1"))
 
         # Replayed (same batch, same ingest time) and committed: now the interval can be recomputed.

@@ -48,6 +48,7 @@ from pyspark.sql import functions as F
 
 from kdq.checkpoint_offsets import OffsetRange, passed_offsets, speed_layer_checkpoint
 from kdq.config import Config
+from kdq.job_reports import ArchiveReport
 from kdq.rules import RuleSet
 from kdq.spark import transforms
 from kdq.spark.kafka_fallback import KAFKA_SOURCE_SCHEMA, is_record_conversion_error, read_ranges
@@ -242,8 +243,8 @@ def archive_from_kafka(
     start: str | int | dict | None = "earliest",
     end: str | int | dict | None = "latest",
     run_id: str = "archive-from-kafka",
-) -> dict[str, Any]:
-    """Resolve, read, classify and insert; the JSON-able report (see the module doc)."""
+) -> ArchiveReport:
+    """Resolve, read, classify and insert; returns the report (see the module doc; ``ok``: nothing missing)."""
     ensure_tables(spark, config)
     ingest_ms = now_ms()
     names = list_topics(config, topics, pattern)
@@ -270,13 +271,14 @@ def archive_from_kafka(
         for r in ranges
         if r["missing_in_kafka"]
     ]
-    return {
-        "run_id": run_id,
-        "topics": names,
-        "ingest_time_ms": ingest_ms,
-        "rows_read": counts["read"],
-        "rows_loaded": counts["loaded"],
-        "rows_skipped_already_archived": counts["skipped"],
-        "missing_in_kafka": missing,
-        "partitions": ranges,
-    }
+    return ArchiveReport(
+        ok=not missing,
+        run_id=run_id,
+        topics=names,
+        ingest_time_ms=ingest_ms,
+        rows_read=counts["read"],
+        rows_loaded=counts["loaded"],
+        rows_skipped_already_archived=counts["skipped"],
+        missing_in_kafka=missing,
+        partitions=ranges,
+    )

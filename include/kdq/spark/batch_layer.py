@@ -74,11 +74,12 @@ from pyspark.sql import functions as F
 from kdq.config import Config, StreamConfig
 from kdq.influx import InfluxSink, count_points
 from kdq.intervals import batch_app_id, iso
+from kdq.job_reports import CatchUpReport
 from kdq.metrics_topic import ensure_metrics_topic, produce_counts
 from kdq.spark import transforms
 from kdq.spark.corrections import latest_attempt, record_then_apply
 from kdq.spark.retention import counts_with_retired
-from kdq.spark.tables import table_path
+from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import (
     adjust_invalid_reasons,
     idempotent_write,
@@ -589,7 +590,7 @@ def influx_catch_up(
     since_ms: int | None = None,
     force: bool = False,
     chunk: int = 5000,
-) -> dict[str, Any]:
+) -> CatchUpReport:
     """Push every window with a window_counts row updated at or after ``since_ms`` to InfluxDB.
 
     ``since_ms`` defaults to the stream's pending push state (the start of the
@@ -601,20 +602,21 @@ def influx_catch_up(
     """
     from kdq.stream_state import InfluxPushState
 
+    ensure_tables(spark, config)
     state = InfluxPushState(config)
     before = state.read()
     pending = before.get("pending_since_ms")
     since = since_ms if since_ms is not None else pending
-    summary: dict[str, Any] = {"since_ms": since, "pending_since_ms": pending, "points": 0, "cleared": False}
+    report = CatchUpReport(since_ms=since, pending_since_ms=pending)
     if not config.influxdb.enabled:
-        summary["skipped"] = "influxdb.enabled is false"
-        return summary
+        report.skipped = "influxdb.enabled is false"
+        return report
     if since is None:
         if not force:
-            summary["skipped"] = "nothing pending"
-            return summary
+            report.skipped = "nothing pending"
+            return report
         since = 0
-        summary["since_ms"] = 0
+        report.since_ms = 0
     started = now_ms()
     table = spark.read.format("delta").load(table_path(config, WINDOW_COUNTS))
     updated = table.where(F.col("updated_at") >= _ts(since))
@@ -637,18 +639,18 @@ def influx_catch_up(
         for row in rows.toLocalIterator():
             batch.append(row.asDict())
             if len(batch) >= chunk:
-                summary["points"] += sink.write(count_points(batch))
+                report.points += sink.write(count_points(batch))
                 batch = []
         if batch:
-            summary["points"] += sink.write(count_points(batch))
+            report.points += sink.write(count_points(batch))
     if config.summaries:  # streaming summaries updated since then, too (their stream push shares the pending state)
         from kdq.spark.summaries import push_updated_to_influx
 
-        summary["summary_points"] = push_updated_to_influx(spark, config, since, chunk)
+        report.summary_points = push_updated_to_influx(spark, config, since, chunk)
     after = state.read()
     covered = pending is None or since <= pending
     if after.get("failures", 0) == before.get("failures", 0) and covered and after.get("pending_since_ms") is not None:
         state.clear(started)
-        summary["cleared"] = True
-    log.info("InfluxDB catch-up since %s: %d points", iso(since), summary["points"])
-    return summary
+        report.cleared = True
+    log.info("InfluxDB catch-up since %s: %d points", iso(since), report.points)
+    return report

@@ -24,6 +24,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from kdq.job_reports import MaintenanceReport
+
 log = logging.getLogger("kdq.maintenance")
 
 MIN_VACUUM_RETAIN_HOURS = 168  # Delta's default safety check: readers and the stream may hold older snapshots
@@ -107,7 +109,9 @@ def run_step(spark: Any, config: Any, step: Step) -> Any:
     return retire_and_delete(spark, config, step.cutoff, step.retire_before_ms)
 
 
-def run_maintenance(spark: Any, config: Any, archive_retention_days: int, vacuum_retain_hours: int, today: dt.date) -> dict:
+def run_maintenance(
+    spark: Any, config: Any, archive_retention_days: int, vacuum_retain_hours: int, today: dt.date
+) -> MaintenanceReport:
     """Run the plan's steps in ``spark``; returns what each did (spark_jobs/maintenance.py prints it)."""
     from kdq.spark.tables import ensure_tables
 
@@ -117,4 +121,4 @@ def run_maintenance(spark: Any, config: Any, archive_retention_days: int, vacuum
     for step in steps:
         log.info("maintenance: %s", step.describe())
         results[step.describe()] = run_step(spark, config, step)
-    return {"today": today.isoformat(), "steps": len(steps), "results": results}
+    return MaintenanceReport(today=today.isoformat(), steps=len(steps), results=results)

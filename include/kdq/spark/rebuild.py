@@ -70,13 +70,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config
 from kdq.intervals import iso
+from kdq.job_reports import RebuildReport
 from kdq.rules import RuleSet
 from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
@@ -349,8 +349,8 @@ def rebuild(
     run_id: str = "rebuild",
     push: bool = True,
     update_archive_rows: bool = True,
-) -> dict[str, Any]:
-    """Rebuild windows [from, to) of ``topics`` (None: all) with ``rules``; returns a summary dict."""
+) -> RebuildReport:
+    """Rebuild windows [from, to) of ``topics`` (None: all) with ``rules``; returns its report."""
     if from_ms >= to_ms:
         raise ValueError(f"rebuild range start ({from_ms}) must be before its end ({to_ms})")
     from kdq.spark.tables import ensure_tables
@@ -374,27 +374,27 @@ def rebuild(
             changed, version_only = _diff(spark, config, counts, windows, rules, from_ms, to_ms)
             apply_rebuild(spark, config, changed, version_only, run_id, interval)
             reason_rows = correct_reasons(spark, config, archive, reclassified, from_ms, to_ms, topics)
-            summary: dict[str, Any] = {
-                "run_id": run_id,
-                "from": iso(from_ms),
-                "to": iso(to_ms),
-                "topics": list(topics) if topics else "all",
-                "archive_rows": selected.count(),
-                "windows": len(windows),
-                "corrections": len(changed),
-                "rule_change": sum(1 for r in changed if r["reason"] == RULE_CHANGE),
-                "version_only": len(version_only),
-                "reason_corrections": reason_rows,
-                "changes": [
+            report = RebuildReport(
+                run_id=run_id,
+                from_=iso(from_ms),
+                to=iso(to_ms),
+                topics=list(topics) if topics else "all",
+                archive_rows=selected.count(),
+                windows=len(windows),
+                corrections=len(changed),
+                rule_change=sum(1 for r in changed if r["reason"] == RULE_CHANGE),
+                version_only=len(version_only),
+                reason_corrections=reason_rows,
+                changes=[
                     {k: r[k] for k in ("topic", "window_start_ms", "status", "old_count", "new_count", "reason")}
                     for r in changed[:100]
                 ],
-                "ok": True,
-            }
+                rules_version=rules.version,
+            )
             if config.summaries:  # the streaming summaries of the same records (kdq.spark.summaries)
                 from kdq.spark.summaries import rebuild_summaries
 
-                summary["summary_corrections"] = len(
+                report.summary_corrections = len(
                     rebuild_summaries(
                         spark, config, archive, selected, reclassified, from_ms, to_ms, topics, run_id,
                         rebuild_app_id(from_ms, to_ms),
@@ -405,18 +405,18 @@ def rebuild(
     finally:
         selected.unpersist()
     # After the counts (see the module doc), and with nothing of this rebuild cached any more.
-    summary["archive_rows_updated"] = update_archive(spark, config, rules, from_ms, to_ms, topics) if update_archive_rows else None
+    report.archive_rows_updated = update_archive(spark, config, rules, from_ms, to_ms, topics) if update_archive_rows else None
     if push:
         keys = [(r["topic"], r["window_start_ms"], r["status"]) for r in changed]
         # Every window a rebuild of this range ever corrected: a run whose push failed is fixed by re-running.
         keys += bl.interval_corrections(spark, config, interval)
         pushed = bl.push_corrections(spark, config, keys)
-        summary["push"] = pushed
-        summary["ok"] = bool(pushed["influx_ok"])
+        report.push = pushed
+        report.ok = bool(pushed["influx_ok"])
         if config.summaries:
             from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections
 
             pushed = push_summary_corrections(spark, config, interval_summary_corrections(spark, config, interval))
-            summary["summary_push"] = pushed
-            summary["ok"] = summary["ok"] and bool(pushed["influx_ok"])
-    return summary
+            report.summary_push = pushed
+            report.ok = report.ok and bool(pushed["influx_ok"])
+    return report

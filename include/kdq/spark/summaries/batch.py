@@ -303,7 +303,8 @@ def recompute_summaries(
     reason: str = "late_data",
     push: bool = True,
 ) -> dict[str, Any]:
-    """The summaries' part of the hourly recompute for one ingest-time interval; returns a summary dict.
+    """The summaries' part of the hourly recompute for one ingest-time interval; returns the part of the
+    recompute report (the fields of :class:`kdq.job_reports.SummariesRecomputeReport`).
 
     Idempotent: re-running an interval finds the states equal and writes
     nothing; the push re-sends every group this interval ever corrected.

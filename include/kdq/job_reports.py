@@ -1,0 +1,267 @@
+"""The JSON report every kdq Spark job ends with: its schema, one class per job.
+
+Every ``spark_jobs/<job>.py`` returns one of these from ``run(spark, config, args)``;
+:func:`kdq.jobs.run_main` prints it as a single JSON object on its own line of stdout
+(the job's last such line) and exits 1 when ``ok`` is false. Airflow's
+``KdqSparkJobOperator`` keeps that line and returns it as the task's XCom (the
+``return_value`` shown in the UI); a downstream operator reads it back with
+``<Report>.from_dict(xcom)`` instead of picking keys out of a dict, so the keys
+below are the contract, and ``docs/operations.md`` (Job reports) describes them
+for operators.
+
+Rules of the schema:
+
+* every report has ``ok`` (false: the job failed in a way the task should show;
+  Delta is consistent anyway, see each job) and ``seconds`` (wall time of the run);
+* counts are plain integers; times are ISO-8601 UTC strings unless the name ends
+  in ``_ms`` (epoch millis); lists of examples (``changes``, ``mismatches``,
+  ``problems``) hold at most the first 100 entries, the count beside them is the total;
+* a part that did not run is ``null`` (``push`` of a run with ``--skip-push``);
+* readers ignore keys they do not know, so a job can gain a field without breaking
+  an older reader; a job never renames or drops one without changing its readers.
+
+``report["key"]`` reads the JSON form (what the job printed), so code and tests that
+hold the printed object and the report itself read them the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
+
+
+def _json_name(f: dataclasses.Field) -> str:
+    """A field's key in the JSON (``from_`` is ``from``: a Python keyword)."""
+    return f.metadata.get("json", f.name)
+
+
+@dataclass(kw_only=True)
+class JobReport:
+    """What every job reports. ``ok``: the run did everything it should (see each job for what false means);
+    ``seconds``: its wall time."""
+
+    ok: bool = True
+    seconds: float = 0.0
+
+    #: nested report parts by field name, turned back into their class by :meth:`from_dict`
+    _parts: ClassVar[dict[str, type]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object the job prints (nested parts as objects)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[_json_name(f)] = value.to_dict() if hasattr(value, "to_dict") else value
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=str)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Read a printed report back (an XCom); unknown keys are ignored, missing ones take their default."""
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key = _json_name(f)
+            if key not in data:
+                continue
+            value = data[key]
+            part = cls._parts.get(f.name)
+            kwargs[f.name] = part.from_dict(value) if part is not None and isinstance(value, Mapping) else value
+        return cls(**kwargs)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+
+@dataclass(kw_only=True)
+class SummariesRecomputeReport(JobReport):
+    """The streaming summaries' part of the hourly recompute (``summaries`` of :class:`RecomputeReport`).
+
+    ``late_windows``: (summary, topic, window)s the stream left to the batch layer for the interval;
+    ``corrections``: groups whose state this run changed (``changes``: the first 100, KEY and old/new count);
+    ``retired_windows_kept``: late windows whose archive hours retention deleted (stored state kept);
+    ``push``: what was sent (``summary_messages``, ``influx_ok``, ``influx_error``), null without a push.
+    ``ok`` is false when InfluxDB refused the push. ``seconds`` is not measured for the part (0).
+    """
+
+    late_windows: int = 0
+    corrections: int = 0
+    changes: list[dict] | None = None
+    retired_windows_kept: int | None = None
+    push: dict[str, Any] | None = None
+
+
+@dataclass(kw_only=True)
+class RecomputeReport(JobReport):
+    """``batch_recompute``: the hourly recompute of one ingest-time interval.
+
+    ``late_windows``: (topic, window)s with archive rows ingested in the interval the stream did not count;
+    ``corrections``: (topic, window, status) whose count changed (``changes``: the first 100 with ``old``
+    and ``new``); ``reason_corrections``: invalid-reason rows corrected; ``stream_caught_up``: whether every
+    micro-batch ingested before the end had committed (null: no stream ledger); ``archive_total`` /
+    ``scanned_late_rows`` / ``scanned_recompute``: files and bytes of the archive and of what the run read;
+    ``push``: the metrics-topic and InfluxDB push (null with ``--skip-push``); ``summaries``: the streaming
+    summaries' part. ``ok`` is false when InfluxDB refused a push (recorded for the catch-up).
+    """
+
+    run_id: str = ""
+    interval_start: str = ""
+    interval_end: str = ""
+    stream_caught_up: bool | None = None
+    late_windows: int = 0
+    archive_total: dict[str, int] = field(default_factory=dict)
+    scanned_late_rows: dict[str, int] = field(default_factory=dict)
+    scanned_recompute: dict[str, int] = field(default_factory=lambda: {"files": 0, "bytes": 0})
+    corrections: int = 0
+    reason_corrections: int = 0
+    changes: list[dict] = field(default_factory=list)
+    push: dict[str, Any] | None = None
+    summaries: SummariesRecomputeReport = field(default_factory=SummariesRecomputeReport)
+
+    _parts: ClassVar[dict[str, type]] = {"summaries": SummariesRecomputeReport}
+
+    @property
+    def found_late_windows(self) -> bool:
+        """Whether the interval had any late window (counts or summaries): only then can it have corrections
+        to push (see ``PushCorrectionsOperator``)."""
+        return self.late_windows > 0 or self.summaries.late_windows > 0
+
+
+@dataclass(kw_only=True)
+class PushReport(JobReport):
+    """``push_corrections``: every correction ever recorded for the interval, pushed again.
+
+    ``corrected_keys``: (topic, window, status) pushed; ``push``: ``metrics_messages``, ``influx_points``,
+    ``influx_ok``, ``influx_error``; ``corrected_summary_groups`` / ``summaries_push``: the same for the
+    streaming summaries (null when none). ``ok`` is false when InfluxDB refused a push.
+    """
+
+    interval_start: str = ""
+    interval_end: str = ""
+    corrected_keys: int = 0
+    push: dict[str, Any] = field(default_factory=dict)
+    corrected_summary_groups: int = 0
+    summaries_push: dict[str, Any] | None = None
+
+
+@dataclass(kw_only=True)
+class RebuildReport(JobReport):
+    """``rebuild``: re-classification of the archived records of a window range.
+
+    ``archive_rows``: rows re-judged; ``windows``: windows recomputed; ``corrections`` (``rule_change`` of
+    them because the rules changed; ``changes``: the first 100); ``version_only``: rows whose count stayed
+    but whose rules version moved; ``archive_rows_updated``: archive rows whose classification changed
+    (null with ``--keep-archive``); ``summary_corrections`` / ``summary_push``: the streaming summaries'
+    part (null without summaries); ``rules_version``: the rules applied. ``ok`` is false when InfluxDB
+    refused a push.
+    """
+
+    run_id: str = ""
+    from_: str = field(default="", metadata={"json": "from"})
+    to: str = ""
+    topics: list[str] | str = "all"
+    archive_rows: int = 0
+    windows: int = 0
+    corrections: int = 0
+    rule_change: int = 0
+    version_only: int = 0
+    reason_corrections: int = 0
+    changes: list[dict] = field(default_factory=list)
+    summary_corrections: int | None = None
+    archive_rows_updated: int | None = None
+    push: dict[str, Any] | None = None
+    summary_push: dict[str, Any] | None = None
+    rules_version: str = ""
+
+
+@dataclass(kw_only=True)
+class ArchiveReport(JobReport):
+    """``archive_from_kafka``: raw records of an offset or time range loaded into the archive.
+
+    ``rows_read`` / ``rows_loaded`` / ``rows_skipped_already_archived``; ``ingest_time_ms``: the ingest
+    time given to the loaded rows (recompute the interval holding it); ``partitions``: the resolved offset
+    range per partition, with ``held_back_for_stream`` (offsets left to the stream, which has not passed
+    them yet); ``missing_in_kafka``: ranges Kafka no longer had. ``ok`` is false when anything
+    was missing.
+    """
+
+    run_id: str = ""
+    topics: list[str] = field(default_factory=list)
+    ingest_time_ms: int = 0
+    rows_read: int = 0
+    rows_loaded: int = 0
+    rows_skipped_already_archived: int = 0
+    missing_in_kafka: list[dict] = field(default_factory=list)
+    partitions: list[dict] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class ReconcileReport(JobReport):
+    """``reconcile``: the archive against Kafka's offsets, window_counts against the archive.
+
+    Per partition (``partitions``; ``problems``: those with gaps or duplicates): ``first_offset``,
+    ``end_offset``, ``expected``, ``archived``, ``duplicates``, ``missing``, ``gaps`` ([from, to]
+    inclusive) and ``holes_without_records`` (offsets no read_committed reader sees). Totals:
+    ``partitions_checked``, ``partitions_with_gaps``, ``missing_offsets``, ``duplicate_offsets``;
+    ``count_mismatches`` with the first 100 in ``mismatches``. ``ok`` is false on any gap, duplicate or
+    mismatch.
+    """
+
+    from_: str | None = field(default=None, metadata={"json": "from"})
+    to: str | None = None
+    topics: list[str] = field(default_factory=list)
+    partitions_checked: int = 0
+    partitions_with_gaps: int = 0
+    missing_offsets: int = 0
+    duplicate_offsets: int = 0
+    count_mismatches: int = 0
+    mismatches: list[dict] = field(default_factory=list)
+    problems: list[dict] = field(default_factory=list)
+    partitions: list[dict] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class CatchUpReport(JobReport):
+    """``influx_catch_up``: windows updated since the stream's first failed InfluxDB push, pushed again.
+
+    ``since_ms``: the lower bound used; ``pending_since_ms``: the pending state found; ``points`` /
+    ``summary_points``: points written (null without summaries); ``cleared``: the pending state was
+    cleared; ``skipped``: why nothing was done (null when it ran). A refused write fails the job (raises).
+    """
+
+    since_ms: int | None = None
+    pending_since_ms: int | None = None
+    points: int = 0
+    cleared: bool = False
+    skipped: str | None = None
+    summary_points: int | None = None
+
+
+@dataclass(kw_only=True)
+class MaintenanceReport(JobReport):
+    """``maintenance``: ``today`` (UTC date of the run), ``steps`` run, and ``results`` by step description
+    (OPTIMIZE metrics, ``vacuumed``, or the retention's retired/deleted counts or why it was skipped)."""
+
+    today: str = ""
+    steps: int = 0
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class StreamReport(JobReport):
+    """``stream_counts`` when the speed layer stops: its ``app_id`` and ``checkpoint``; ``error``: why the
+    query died (null after a requested stop). ``ok`` is false when it died (the batch it was in is
+    recorded in ``batch_failure.json`` for the supervisor)."""
+
+    app_id: str = ""
+    checkpoint: str = ""
+    error: str | None = None
+
+
+@dataclass(kw_only=True)
+class EndpointReport(JobReport):
+    """``sql_endpoint`` after SIGTERM: both servers stopped."""

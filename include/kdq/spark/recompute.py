@@ -1,0 +1,135 @@
+"""The hourly batch-layer run of one ingest-time interval, end to end: what ``spark_jobs/batch_recompute.py``
+and ``spark_jobs/push_corrections.py`` call.
+
+:func:`recompute_interval` chains the steps of :mod:`kdq.spark.batch_layer` (late windows → absolute
+counts → corrections → reasons → push) and the streaming summaries' part
+(:func:`kdq.spark.summaries.recompute_summaries`: same interval, same app id and protocol, their own
+tables); :func:`push_interval` is the push alone, for the DAG that recomputes with ``skip_push`` and
+pushes in a task of its own. Both return their typed report (:mod:`kdq.job_reports`).
+
+An InfluxDB push that fails does not fail the run: Delta and the metrics topic are done, the failure is
+recorded in the stream's push state (:class:`kdq.stream_state.InfluxPushState`) for the InfluxDB
+catch-up, and the report says ``ok = false``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from kdq.config import Config
+from kdq.intervals import iso
+from kdq.job_reports import PushReport, RecomputeReport, SummariesRecomputeReport
+from kdq.spark import batch_layer as bl
+from kdq.spark.retention import read_retired
+from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections, recompute_summaries
+from kdq.spark.tables import ensure_tables, table_path
+from kdq.spark.writers import now_ms
+from kdq.stream_state import InfluxPushState
+from kdq.tables import RAW_ARCHIVE
+
+log = logging.getLogger("kdq.batch")
+
+
+class StreamBehind(RuntimeError):
+    """The interval cannot be recomputed yet: a micro-batch ingested before its end has not committed."""
+
+
+def recompute_interval(
+    spark: SparkSession,
+    config: Config,
+    interval: tuple[int, int],
+    run_id: str,
+    reason: str = "late_data",
+    push: bool = True,
+    allow_stream_behind: bool = False,
+) -> RecomputeReport:
+    """Recompute the late windows of ``interval`` (ingest time), record and apply the corrections, push them.
+
+    Raises :class:`StreamBehind` while the speed layer has not committed every micro-batch ingested before
+    the interval's end (unless ``allow_stream_behind``). Re-running an interval is a no-op for Delta and
+    re-sends the same absolute values.
+    """
+    started_ms = now_ms()
+    ensure_tables(spark, config)
+    archive_path = table_path(config, RAW_ARCHIVE)
+    archive = spark.read.format("delta").load(archive_path)
+
+    caught_up = bl.stream_caught_up(spark, config, interval[1])
+    if caught_up is False:
+        # Rows of a micro-batch that started before the interval's end but has not committed (a slow
+        # batch, or one that crashed and will be replayed with its original ingest time) become
+        # visible only when it commits: recomputing now would miss them for good. Fail instead, so
+        # Airflow retries the task (with backoff) once the stream has moved on.
+        if not allow_stream_behind:
+            raise StreamBehind(
+                f"the speed layer has not committed every micro-batch ingested before {iso(interval[1])}: "
+                "recomputing now could miss their late rows; retry later (Airflow does), or pass "
+                "--allow-stream-behind to recompute what is archived now"
+            )
+        log.warning("recomputing %s although the speed layer is behind (--allow-stream-behind)", iso(interval[1]))
+    late = bl.late_windows(archive, *interval)
+    late_scan = bl.scan_stats(spark, late)
+    windows = [(r["topic"], int(r["ms"])) for r in late.select("topic", F.unix_millis("window_start").alias("ms")).collect()]
+    report = RecomputeReport(
+        run_id=run_id,
+        interval_start=iso(interval[0]),
+        interval_end=iso(interval[1]),
+        stream_caught_up=caught_up,
+        late_windows=len(windows),
+        archive_total=bl.table_totals(spark, archive_path),
+        scanned_late_rows=late_scan,
+    )
+    changed: list[dict] = []
+    if windows:
+        windows_df = spark.createDataFrame(windows, "topic STRING, ms BIGINT").select(
+            "topic", F.timestamp_millis("ms").alias("window_start")
+        )
+        report.scanned_recompute = bl.scan_stats(spark, bl.archive_rows_of(archive, windows_df))
+        new_counts = bl.recompute_counts(archive, windows_df, config.stream.window_seconds, read_retired(spark, config))
+        changed = bl.apply_corrections(spark, config, new_counts, run_id, interval, reason)
+        report.reason_corrections = bl.correct_interval_reasons(spark, config, archive, interval)
+    report.corrections = len(changed)
+    report.changes = [
+        {"topic": r["topic"], "window_start_ms": r["window_start_ms"], "status": r["status"], "old": r["old_count"], "new": r["new_count"]}
+        for r in changed[:100]
+    ]
+    log.info(
+        "late rows scan: %(files)d files, %(bytes)d bytes (table: %(total)s)",
+        {**late_scan, "total": report.archive_total},
+    )
+    if push:
+        # Every window this interval ever corrected, not only this run's: a run whose push failed after
+        # its Delta commits is fixed by running it again.
+        report.push = bl.push_corrections(spark, config, bl.interval_corrections(spark, config, interval))
+        if not report.push["influx_ok"]:
+            InfluxPushState(config).record_failure(started_ms, report.push.get("influx_error", "batch push failed"))
+            report.ok = False
+    report.summaries = SummariesRecomputeReport.from_dict(recompute_summaries(spark, config, interval, run_id, reason, push=push))
+    if not report.summaries.ok:
+        error = (report.summaries.push or {}).get("influx_error", "summary push failed")
+        InfluxPushState(config).record_failure(started_ms, error)
+        report.ok = False
+    return report
+
+
+def push_interval(spark: SparkSession, config: Config, interval: tuple[int, int]) -> PushReport:
+    """Push every (topic, window, status) and summary group the interval's corrections ever touched, with
+    its current absolute value (read back from the tables), to the metrics topic and InfluxDB."""
+    started_ms = now_ms()
+    ensure_tables(spark, config)
+    keys = bl.interval_corrections(spark, config, interval)
+    report = PushReport(interval_start=iso(interval[0]), interval_end=iso(interval[1]), corrected_keys=len(keys))
+    report.push = bl.push_corrections(spark, config, keys)
+    summary_keys = interval_summary_corrections(spark, config, interval)
+    report.corrected_summary_groups = len(summary_keys)
+    report.summaries_push = push_summary_corrections(spark, config, summary_keys) if summary_keys else None
+    errors = [
+        p.get("influx_error", "batch push failed") for p in (report.push, report.summaries_push) if p and not p["influx_ok"]
+    ]
+    if errors:
+        InfluxPushState(config).record_failure(started_ms, "; ".join(errors))
+        report.ok = False
+    return report

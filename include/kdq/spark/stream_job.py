@@ -1,0 +1,130 @@
+"""The speed layer's run loop: what ``spark_jobs/stream_counts.py`` calls once its session is up.
+
+Rules first (every rule compiled in the JVM, so a broken one stops the job naming its file), then
+the starting offsets (a new checkpoint over tables that already hold counts must not count everything
+again: :mod:`kdq.spark.lost_checkpoint`), then :class:`kdq.spark.speed_layer.SpeedLayer` until a stop.
+SIGTERM (and Ctrl-C) stop it gracefully: the current micro-batch is allowed to finish (up to
+``stop_timeout`` seconds), then the query stops; every write is idempotent per batch, so even an
+abandoned batch is replayed exactly once on restart from the checkpoint.
+
+A heartbeat is written every 5 s between batches too, so a supervisor can tell "idle" from "hung".
+When the query dies, the batch it was running (planned in the offset log, not committed) is recorded
+with the error and its offset ranges in ``<data_dir>/stream/batch_failure.json``
+(:mod:`kdq.batch_failures`): the supervisor counts consecutive failures of that batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+from kdq.config import Config
+from kdq.job_reports import StreamReport
+
+log = logging.getLogger("kdq.stream")
+
+
+def run_speed_layer(
+    spark: SparkSession,
+    config: Config,
+    trigger_seconds: float | None = None,
+    available_now: bool = False,
+    stop_timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+) -> StreamReport:
+    """Run the speed layer in ``spark`` until it stops (SIGTERM/SIGINT, the end of an available-now run, or
+    the query dying); ``ok`` is false when it died."""
+    from pyspark.errors import StreamingQueryException
+
+    from kdq.rules import load_rules
+    from kdq.spark.classifier import check_rules
+    from kdq.spark.lost_checkpoint import starting_offsets
+    from kdq.spark.speed_layer import FaultInjector, ProgressRecorder, SpeedLayer, checkpoint_dir
+
+    rules = load_rules(config.rules_dir)
+    for line in rules.describe():
+        log.info("rule %s", line)
+    # Every rule compiled in the JVM now: a broken one stops the job here, naming its file.
+    log.info("rules: %s", check_rules(spark, rules, config.stream))
+    # A new checkpoint over tables that hold counts must not count everything again.
+    resume_at = starting_offsets(spark, config, checkpoint_dir(config))
+    if resume_at is not None:
+        config = config.model_copy(update={"kafka": config.kafka.model_copy(update={"starting_offsets": resume_at})})
+    layer = SpeedLayer(spark, config, rules, faults=FaultInjector.from_env(dict(env or os.environ)))
+    recorder = ProgressRecorder(layer)
+    spark.streams.addListener(recorder)
+    query = layer.start(trigger_seconds=trigger_seconds, available_now=available_now)
+    log.info("speed layer started: app id %s, checkpoint %s", layer.app_id, layer.checkpoint)
+
+    stop = threading.Event()
+
+    def request_stop(signum, frame) -> None:  # noqa: ARG001
+        log.info("signal %s: stopping after the current micro-batch", signum)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+
+    active_since: int | None = None  # when the current trigger started, as far as 5-second polls see
+    last_done: int | None = None
+    while query.isActive and not stop.is_set():
+        # A heartbeat between batches too, so a supervisor can tell "idle" from "hung".
+        active = bool(query.status["isTriggerActive"])
+        progress = query.lastProgress
+        done = progress["batchId"] if progress else None
+        if not active:
+            active_since = None
+        elif active_since is None or done != last_done:
+            active_since = int(time.time() * 1000)
+        last_done = done
+        recorder.heartbeat(
+            "running",
+            {"query_id": str(query.id), "trigger_active": active, "trigger_active_since_ms": active_since},
+        )
+        try:
+            query.awaitTermination(5)
+        except StreamingQueryException:
+            break  # the query died: reported (and its batch recorded) below, from query.exception()
+    if stop.is_set() and query.isActive:
+        deadline = time.monotonic() + stop_timeout
+        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        query.stop()
+    recorder.heartbeat("stopped")
+    layer.close()
+    report = StreamReport(app_id=layer.app_id, checkpoint=str(layer.checkpoint))
+    error = query.exception()
+    if error is not None:
+        message = str(error)
+        if "data loss" in message.lower() or "failOnDataLoss" in message:
+            log.error("DATA LOSS: Kafka no longer has records the stream had not read yet: %s", message[:2000])
+        else:
+            log.error("speed layer failed: %s", message[:2000])
+        record_batch_failure(config, layer.checkpoint, message)
+        report.ok, report.error = False, message[:2000]
+    return report
+
+
+def record_batch_failure(config: Config, checkpoint, message: str) -> None:
+    """The batch the query died in (planned, not committed), recorded for the supervisor (never raises)."""
+    from kdq import batch_failures
+
+    try:
+        batch_id = batch_failures.pending_batch(checkpoint)
+        if batch_id is None:
+            log.error("no micro-batch was in flight: nothing recorded in batch_failure.json")
+            return
+        failure = batch_failures.record_failure(config, batch_id, message, checkpoint=checkpoint)
+        log.error(
+            "micro-batch %d failed (attempt %d in a row); offset ranges:\n%s",
+            batch_id, failure["attempts"], "\n".join(batch_failures.format_ranges(failure["ranges"])),
+        )
+    except Exception:  # the job exits non-zero anyway
+        log.exception("could not record the failed micro-batch")
