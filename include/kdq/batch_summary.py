@@ -1,68 +1,11 @@
-"""From a micro-batch's aggregate rows to what the writers need (pure Python, no Spark).
+"""Old name of :mod:`kdq.micro_batch`, kept only until ``kdq.spark.speed_layer`` imports the new one.
 
-Input rows (one per topic, window_start_ms, valid, reason, counted) come from
-:func:`kdq.spark.transforms.batch_aggregates`; they are few (topics × windows ×
-reasons), so deriving the outputs here costs microseconds instead of Spark jobs.
+"Summary" is the streaming summaries' word (:mod:`kdq.summaries`); what this module held is a micro-batch
+reduced to its increments. Import ``increments_of`` / ``MicroBatchIncrements`` from :mod:`kdq.micro_batch`.
 """
 
-from __future__ import annotations
+from kdq.micro_batch import MicroBatchIncrements as BatchSummary
+from kdq.micro_batch import increments_of as summarize
+from kdq.micro_batch import merge_maxima
 
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-
-
-@dataclass
-class BatchSummary:
-    input_rows_by_topic: dict[str, int] = field(default_factory=dict)
-    late_rows: dict[str, int] = field(default_factory=dict)
-    invalid_rows: int = 0
-    max_event_ms: dict[str, int] = field(default_factory=dict)
-    window_increments: list[dict] = field(default_factory=list)
-    reason_increments: list[dict] = field(default_factory=list)
-
-    @property
-    def input_rows(self) -> int:
-        return sum(self.input_rows_by_topic.values())
-
-
-def summarize(rows: Iterable[Mapping], reasons_window_seconds: int) -> BatchSummary:
-    summary = BatchSummary()
-    inputs: dict[str, int] = defaultdict(int)
-    late: dict[str, int] = defaultdict(int)
-    windows: dict[tuple[str, int, str], list] = {}
-    reasons: dict[tuple[str, int, str], int] = defaultdict(int)
-    coarse_ms = reasons_window_seconds * 1000
-    for row in rows:
-        topic, count = row["topic"], int(row["count"])
-        inputs[topic] += count
-        if row["max_event_ms"] is not None:
-            summary.max_event_ms[topic] = max(row["max_event_ms"], summary.max_event_ms.get(topic, row["max_event_ms"]))
-        if not row["counted"]:
-            late[topic] += count  # archived, left to the batch layer
-            continue
-        status = "valid" if row["valid"] else "invalid"
-        key = (topic, int(row["window_start_ms"]), status)
-        entry = windows.setdefault(key, [0, row["rules_version"]])
-        entry[0] += count
-        if not row["valid"]:
-            summary.invalid_rows += count
-            reasons[(topic, int(row["window_start_ms"]) // coarse_ms * coarse_ms, row["reason"])] += count
-    summary.input_rows_by_topic = dict(inputs)
-    summary.late_rows = {t: n for t, n in late.items() if n}
-    summary.window_increments = [
-        {"topic": t, "window_start_ms": w, "status": s, "count": n, "rules_version": v}
-        for (t, w, s), (n, v) in sorted(windows.items())
-    ]
-    summary.reason_increments = [
-        {"topic": t, "window_start_ms": w, "reason": r, "count": n} for (t, w, r), n in sorted(reasons.items())
-    ]
-    return summary
-
-
-def merge_maxima(before: Mapping[str, int], batch: Mapping[str, int]) -> dict[str, int]:
-    """Per-topic watermark state after a batch: it only moves forward."""
-    after = dict(before)
-    for topic, ms in batch.items():
-        after[topic] = max(ms, after.get(topic, ms))
-    return after
+__all__ = ["BatchSummary", "merge_maxima", "summarize"]

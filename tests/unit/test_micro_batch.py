@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kdq.batch_summary import merge_maxima, summarize
+from kdq.micro_batch import increments_of, merge_maxima
 
 W0 = 1_700_000_000_000
 
@@ -18,7 +18,7 @@ def row(topic, window, valid, reason, counted, count, max_ms=None, version="v1")
     }
 
 
-def test_summarize_splits_counted_late_and_reasons() -> None:
+def test_increments_of_splits_counted_late_and_reasons() -> None:
     rows = [
         row("orders", W0, True, None, True, 5, W0 + 900),
         row("orders", W0, False, "not_json", True, 1, W0 + 40),
@@ -27,20 +27,20 @@ def test_summarize_splits_counted_late_and_reasons() -> None:
         row("orders", W0 - 120_000, True, None, False, 3, W0 - 119_000),  # too late: archived only
         row("clock", W0, False, "future_timestamp", True, 4, None),  # never moves the watermark
     ]
-    summary = summarize(rows, reasons_window_seconds=60)
-    assert summary.input_rows == 16
-    assert summary.input_rows_by_topic == {"orders": 12, "clock": 4}
-    assert summary.late_rows == {"orders": 3}
-    assert summary.invalid_rows == 8
-    assert summary.max_event_ms == {"orders": W0 + 1500}
-    assert summary.window_increments == [
+    increments = increments_of(rows, reasons_window_seconds=60)
+    assert increments.input_rows == 16
+    assert increments.input_rows_by_topic == {"orders": 12, "clock": 4}
+    assert increments.late_rows == {"orders": 3}
+    assert increments.invalid_rows == 8
+    assert increments.max_event_ms == {"orders": W0 + 1500}
+    assert increments.window_increments == [
         {"topic": "clock", "window_start_ms": W0, "status": "invalid", "count": 4, "rules_version": "v1"},
         {"topic": "orders", "window_start_ms": W0, "status": "invalid", "count": 1, "rules_version": "v1"},
         {"topic": "orders", "window_start_ms": W0, "status": "valid", "count": 5, "rules_version": "v1"},
         {"topic": "orders", "window_start_ms": W0 + 1000, "status": "invalid", "count": 3, "rules_version": "v1"},
     ]
     minute = W0 // 60_000 * 60_000
-    assert summary.reason_increments == [
+    assert increments.reason_increments == [
         {"topic": "clock", "window_start_ms": minute, "reason": "future_timestamp", "count": 4},
         {"topic": "orders", "window_start_ms": minute, "reason": "not_json", "count": 2},
         {"topic": "orders", "window_start_ms": minute, "reason": "schema:/required/0", "count": 2},
