@@ -12,7 +12,7 @@ ends with the stream's log tail.
 A micro-batch running longer than `stream.max_batch_seconds` is **hung**: the stream is stopped and started
 again. A micro-batch that failed `stream.max_batch_failures` times in a row is **not** restarted again: the
 task fails with the error, the batch's offset ranges and the way out (`kdq quarantine-offsets`,
-`kdq quarantine-batch`, `kdq stream-failure --clear`; README "Operations: when a batch keeps failing").
+`kdq quarantine-batch`, `kdq stream-failure --clear`; docs/operations.md, "When a batch keeps failing").
 
 Pausing this DAG does **not** stop the stream; trigger `kdq_stream_stop` for that.
 """

@@ -270,7 +270,7 @@ def failure_message(failure: dict, max_failures: int) -> str:
         ]
     else:
         lines += [
-            'Way out (README, "Operations: when a batch keeps failing"):',
+            'Way out (docs/operations.md, "When a batch keeps failing"):',
             "  kdq quarantine-offsets --topic T --partition P --from A --to B --reason '...'"
             "   # only the offending records",
             f"  kdq quarantine-batch {batch} [--topic T ...] --reason '...'"

@@ -247,7 +247,7 @@ def test_summary_variable_lists_summary_measurements(dashboard: dict[str, Any]) 
 
 
 def test_summary_panels_show_every_statistic(dashboard: dict[str, Any]) -> None:
-    """The streaming summaries (README, "Streaming summaries"): percentiles, mean, min/max/stddev, count and
+    """The streaming summaries (docs/summaries.md): percentiles, mean, min/max/stddev, count and
     rejected, each on a panel under the "Streaming summaries" row."""
     rows = [p for p in dashboard["panels"] if p.get("type") == "row"]
     (row,) = [r for r in rows if r["title"] == "Streaming summaries"]
