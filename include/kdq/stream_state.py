@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +90,19 @@ def stream_status(config: Config) -> dict:
     }
 
 
-def heartbeat_age_seconds(config: Config) -> float | None:
+def heartbeat_age_seconds(config: Config, pids: Collection[int] | None = None) -> float | None:
+    """Seconds since the stream's last "running" heartbeat (None: none). With ``pids`` (the running job's
+    process and its children), a heartbeat another process wrote does not count: right after a restart the
+    file still holds the dead job's recent beat, which says nothing about the new one."""
     beat = stream_status(config)["heartbeat"]
     if not beat or beat.get("state") != "running":
         return None
+    if pids is not None and beat.get("pid") not in pids:
+        return None
     return max(0.0, time.time() - beat["time_ms"] / 1000)
+
+
+def last_batch_id(config: Config) -> int | None:
+    """The id of the stream's last completed micro-batch (its progress file), None before the first."""
+    progress = stream_status(config)["progress"]
+    return int(progress["batch_id"]) if progress and progress.get("batch_id") is not None else None

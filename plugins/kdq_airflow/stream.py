@@ -111,7 +111,7 @@ def ensure_stream_running(
     """
     from kdq import batch_failures
     from kdq.stream_process import start_stream, stop_stream, stream_process
-    from kdq.stream_state import heartbeat_age_seconds, state_dir
+    from kdq.stream_state import heartbeat_age_seconds, last_batch_id, state_dir
 
     stream = config.stream
     max_batch_failures = stream.max_batch_failures if max_batch_failures is None else max_batch_failures
@@ -124,17 +124,21 @@ def ensure_stream_running(
         with supervisor_lock(folder / LOCK_NAME):
             process = stream_process(config)
             running = process.running()
-            age = heartbeat_age_seconds(config)
+            # Only the running job's own heartbeat counts (not the beat a killed job left behind).
+            age = heartbeat_age_seconds(config, process.pids() if running else set())
             state = read_state(state_file)
             not_before_ms = int((state.get("last_restart") or 0) * 1000)
-            hung = batch_failures.hung_batch(config, max_batch_seconds, not_before_ms=not_before_ms) if running else None
+            hung = (
+                batch_failures.hung_batch(config, max_batch_seconds, not_before_ms=not_before_ms) if running else None
+            )
             if running and hung is None and age is not None and age <= stale_after_seconds:
                 if state.get("restarts"):
                     write_state(state_file, {"restarts": 0, "last_restart": None})
                 return "healthy"
             if hung is not None:
-                return _restart_hung(config, hung, max_batch_seconds, max_batch_failures, grace, state, state_file,
-                                     extra_env, log)
+                return _restart_hung(
+                    config, hung, max_batch_seconds, max_batch_failures, grace, state, state_file, extra_env, log
+                )
             failure = None if running else batch_failures.blocked(config, max_batch_failures)
             if failure is not None:
                 raise AirflowException(batch_failures.failure_message(failure, max_batch_failures))
@@ -142,6 +146,13 @@ def ensure_stream_running(
             if running and age is None and since_restart < startup_grace_seconds:
                 return "starting"  # JVM start-up and the first batch come before the first heartbeat
             restarts = int(state.get("restarts") or 0)
+            batch_now = last_batch_id(config)
+            if restarts and _progressed(state.get("batch_at_restart"), batch_now):
+                # The job started last time completed micro-batches before it died: a stream that is
+                # killed now and then (an OOM, a host reboot) but counts in between is no crash loop.
+                if log is not None:
+                    log.info("the previous start completed batches up to %s: restart count reset", batch_now)
+                restarts = 0
             if restarts >= max_restarts:
                 wait = backoff_seconds * 2 ** (restarts - max_restarts)
                 if since_restart < wait:
@@ -153,7 +164,10 @@ def ensure_stream_running(
                 stop_stream(config)
             pid = start_stream(config, extra_env=extra_env)
             restarts += 1
-            write_state(state_file, {"restarts": restarts, "last_restart": time.time(), "pid": pid})
+            write_state(
+                state_file,
+                {"restarts": restarts, "last_restart": time.time(), "pid": pid, "batch_at_restart": batch_now},
+            )
             if log is not None:
                 log.info("speed layer (re)started as pid %s (restart %s in a row)", pid, restarts)
             if restarts > max_restarts:
@@ -166,6 +180,13 @@ def ensure_stream_running(
         if log is not None:
             log.info("another supervisor is at work: %s", exc)
         return "locked"
+
+
+def _progressed(batch_at_restart: int | None, batch_now: int | None) -> bool:
+    """Whether the stream completed a micro-batch since the last restart (recorded in the state file)."""
+    if batch_now is None:
+        return False
+    return batch_at_restart is None or batch_now > int(batch_at_restart)
 
 
 def _restart_hung(
@@ -183,6 +204,7 @@ def _restart_hung(
     (or, at ``max_batch_failures`` attempts, fail the task with the batch's offsets instead)."""
     from kdq import batch_failures
     from kdq.stream_process import start_stream, stop_stream
+    from kdq.stream_state import last_batch_id
 
     batch_id = hung["batch_id"]
     what = f"micro-batch {batch_id}" if batch_id is not None else "a trigger (before its batch started)"
@@ -201,7 +223,16 @@ def _restart_hung(
         raise AirflowException(batch_failures.failure_message(failure, max_batch_failures))
     pid = start_stream(config, extra_env=extra_env)
     restarts = int(state.get("restarts") or 0) + 1
-    write_state(state_file, {"restarts": restarts, "last_restart": time.time(), "pid": pid, "hung_batch": batch_id})
+    write_state(
+        state_file,
+        {
+            "restarts": restarts,
+            "last_restart": time.time(),
+            "pid": pid,
+            "hung_batch": batch_id,
+            "batch_at_restart": last_batch_id(config),
+        },
+    )
     if log is not None:
         log.info("speed layer restarted as pid %s after the hung batch", pid)
     return "restarted_hung"

@@ -69,6 +69,10 @@ class FakeStream:
     def running(self) -> bool:
         return self.alive
 
+    def pids(self) -> set[int]:
+        """The job's processes: this test process stands for the running job (see ``beat``)."""
+        return {os.getpid()} if self.alive else set()
+
     def log_tail(self, lines: int = 30) -> str:
         return "(log tail)"
 
@@ -221,3 +225,47 @@ def test_error_summary_keeps_the_lines_that_say_what_failed() -> None:
     summary = batch_failures.error_summary(text)
     assert summary.splitlines()[0].startswith("[STREAM_FAILED]")
     assert "offset 3" in summary and "ValueError: bad" in summary and "Foo.scala" not in summary
+
+
+def progress(config, batch_id: int) -> None:
+    """The stream's progress file after micro-batch ``batch_id`` completed."""
+    folder = batch_failures.state_dir(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "progress.json").write_text(json.dumps({"batch_id": batch_id}))
+
+
+def test_a_heartbeat_left_by_a_killed_job_does_not_make_its_successor_healthy(config, monkeypatch) -> None:
+    stream = FakeStream(monkeypatch, config)
+    stream.alive = True
+    folder = batch_failures.state_dir(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    # A fresh "running" beat, but written by a pid that is not the running job nor one of its children.
+    dead = {"state": "running", "pid": 2**22 + 17, "time_ms": int(time.time() * 1000)}
+    (folder / "heartbeat.json").write_text(json.dumps(dead))
+    (folder / "supervisor_state.json").write_text(json.dumps({"restarts": 1, "last_restart": time.time() - 5}))
+    assert ensure_stream_running(config, startup_grace_seconds=60) == "starting"
+    assert json.loads((folder / "supervisor_state.json").read_text())["restarts"] == 1  # not reset as healthy
+    stream.beat()
+    assert ensure_stream_running(config, startup_grace_seconds=60) == "healthy"
+    assert json.loads((folder / "supervisor_state.json").read_text())["restarts"] == 0
+
+
+def test_restarts_of_a_stream_that_completes_batches_in_between_are_not_a_crash_loop(config, monkeypatch) -> None:
+    stream = FakeStream(monkeypatch, config)
+    folder = batch_failures.state_dir(config)
+    state = folder / "supervisor_state.json"
+    # Killed again and again, never seen healthy by a check, but every run completed batches.
+    for batch in range(10, 16):
+        progress(config, batch)
+        stream.alive = False
+        assert ensure_stream_running(config, max_restarts=2, backoff_seconds=600) == "restarted"
+        assert json.loads(state.read_text())["restarts"] == 1
+        assert json.loads(state.read_text())["batch_at_restart"] == batch
+    assert len(stream.starts) == 6
+    # The same killed runs without a completed batch in between are a crash loop: the task fails and backs off.
+    stream.alive = False
+    assert ensure_stream_running(config, max_restarts=2, backoff_seconds=600) == "restarted"  # 2nd in a row
+    stream.alive = False
+    with pytest.raises(AirflowException, match="consecutive restarts"):
+        ensure_stream_running(config, max_restarts=2, backoff_seconds=600)
+    assert len(stream.starts) == 7

@@ -45,6 +45,16 @@ class ManagedProcess:
     def running(self) -> bool:
         return self.process() is not None
 
+    def pids(self) -> set[int]:
+        """The running process and its descendants (a spark-submit JVM starts the Python driver as a child)."""
+        proc = self.process()
+        if proc is None:
+            return set()
+        try:
+            return {proc.pid, *(child.pid for child in proc.children(recursive=True))}
+        except psutil.Error:
+            return {proc.pid}
+
     def start(self, command: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
         """Start detached in its own session (so Ctrl-C in a terminal does not hit it); return the pid."""
         existing = self.process()
