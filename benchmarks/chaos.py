@@ -56,6 +56,7 @@ from benchmarks.__main__ import machine_info
 from benchmarks.__main__ import make_config as bench_config
 from benchmarks.speed import read_progress, write_config
 from kdq.config import Config
+from kdq.stack.procs import quiet_port
 
 log = logging.getLogger("kdq.chaos")
 PROJECT = Path(__file__).resolve().parents[1]
@@ -129,31 +130,6 @@ def _wait(check, timeout: float, interval: float = 1.0, stop: threading.Event | 
 
 
 # -- set-up ---------------------------------------------------------------------------------------------
-
-
-def quiet_port(rng: random.Random) -> int:
-    """A free loopback port below the kernel's ephemeral range.
-
-    The faults stop components for a while; a port from the ephemeral range (what ``free_port`` and
-    every outgoing connection get) can meanwhile be taken by another program on a shared machine, and the
-    restart then fails (seen: a test suite's broker took InfluxDB's port during its outage). Nothing is
-    handed a port below that range unless it asks for one.
-    """
-    import socket
-
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    for _ in range(1000):
-        port = rng.randrange(max(1024, low - 12000), low)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port below the ephemeral range")
 
 
 def chaos_config(work: Path) -> Config:

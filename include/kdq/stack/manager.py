@@ -17,7 +17,7 @@ from kdq.stack.airflow import USERNAME as AIRFLOW_USER
 from kdq.stack.airflow import LocalAirflow
 from kdq.stack.influx import LocalInflux
 from kdq.stack.kafka import LocalKafka
-from kdq.stack.procs import free_port
+from kdq.stack.procs import quiet_port
 from kdq.stack.sql_endpoint import LocalSqlEndpoint
 
 
@@ -46,7 +46,11 @@ def _ports(config: Config) -> dict[str, int]:
         "sql_connect_port": 0,
         "sql_thrift_port": 0,
     }
-    ports = {key: value or int(state.get(key) or 0) or free_port() for key, value in wanted.items()}
+    ports: dict[str, int] = {}
+    for key, value in wanted.items():
+        # New ports come from below the ephemeral range (quiet_port): they are recorded and reused on every
+        # start, so no outgoing connection may take one while its component is down.
+        ports[key] = value or int(state.get(key) or 0) or quiet_port(taken=set(ports.values()))
     if ports != {k: state.get(k) for k in ports}:
         config.state_file.parent.mkdir(parents=True, exist_ok=True)
         config.state_file.write_text(json.dumps({**state, **ports}, indent=2))

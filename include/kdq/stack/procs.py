@@ -8,11 +8,12 @@ component's own config file path).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,6 +139,32 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def quiet_port(rng: random.Random | None = None, taken: Collection[int] = ()) -> int:
+    """A free loopback port below the kernel's ephemeral range, for components that keep their port.
+
+    The local stack records its ports and reuses them on every start; a port from the ephemeral range
+    (what ``free_port`` and every outgoing connection get) can be taken by any program's connection while
+    the component is down, and its restart then fails (seen in the chaos run: a test suite's broker took
+    InfluxDB's port during its outage). Nothing is handed a port below that range unless it asks for one.
+    """
+    rng = rng or random.SystemRandom()
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in taken:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
