@@ -22,7 +22,6 @@ from pyspark.sql import functions as F
 from spark_jobs import batch_recompute
 
 from kdq.rules import load_rules
-from kdq.spark import batch_layer as bl
 from kdq.spark import summaries as ss
 from kdq.spark.speed_layer import SpeedLayer
 from kdq.spark.writers import now_ms
@@ -199,7 +198,7 @@ def test_stream_summaries_equal_numpy_and_late_records_update_them(spark, summar
         spark, config, argparse.Namespace(start=ingest_from, end=ingest_to, run_id="run-1", reason="late_data", skip_push=False)
     )
     assert counts["ok"] and counts["late_windows"] == 2
-    result = bl.recompute_summaries(spark, config, interval, "run-1")  # a no-op if the job already ran it
+    result = ss.recompute_summaries(spark, config, interval, "run-1")  # a no-op if the job already ran it
     assert result["ok"] and result["late_windows"] == 2
     assert_everywhere(spark, config, truth)
     corrections = spark.read.format("delta").load(str(config.tables_dir / "summary_corrections"))
@@ -218,7 +217,7 @@ def test_stream_summaries_equal_numpy_and_late_records_update_them(spark, summar
 
     # The same interval again: nothing to correct, no commit, the same outputs.
     version = DeltaTable.forPath(spark, str(config.tables_dir / "summaries")).history(1).first()["version"]
-    again = bl.recompute_summaries(spark, config, interval, "run-2")
+    again = ss.recompute_summaries(spark, config, interval, "run-2")
     assert (again["late_windows"], again["corrections"], again["ok"]) == (2, 0, True)
     assert DeltaTable.forPath(spark, str(config.tables_dir / "summaries")).history(1).first()["version"] == version
     assert corrections.count() == 2

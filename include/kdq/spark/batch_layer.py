@@ -570,20 +570,6 @@ def push_corrections(
     return result
 
 
-def recompute_summaries(
-    spark: SparkSession, config: Config, interval: tuple[int, int], run_id: str, reason: str = "late_data", push: bool = True
-) -> dict[str, Any]:
-    """The streaming summaries' part of the hourly recompute (see :mod:`kdq.spark.summaries`).
-
-    Same interval, same app id (``kdq-batch-<interval start>``) and the same
-    corrections-then-MERGE protocol, on the summaries' own tables; run it
-    after :func:`apply_corrections` for the same interval.
-    """
-    from kdq.spark.summaries import recompute_summaries as recompute
-
-    return recompute(spark, config, interval, run_id, reason, push)
-
-
 def influx_catch_up(
     spark: SparkSession,
     config: Config,

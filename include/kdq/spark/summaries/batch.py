@@ -306,7 +306,9 @@ def recompute_summaries(
     """The summaries' part of the hourly recompute for one ingest-time interval; returns the part of the
     recompute report (the fields of :class:`kdq.job_reports.SummariesRecomputeReport`).
 
-    Idempotent: re-running an interval finds the states equal and writes
+    Same interval and app id (``kdq-batch-<interval start>``) as the counts' corrections, and the same
+    record-then-apply protocol, on the summaries' own tables; :func:`kdq.spark.recompute.recompute_interval`
+    runs it after the counts. Idempotent: re-running an interval finds the states equal and writes
     nothing; the push re-sends every group this interval ever corrected.
     """
     from kdq.intervals import batch_app_id

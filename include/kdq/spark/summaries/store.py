@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kdq.config import Config
+from kdq.config import Config, SummaryConfig
 from kdq.spark.summaries.transforms import key_of, state_entry
 from kdq.spark.tables import table_path
 from kdq.spark.writers import idempotent_write, retry_on_conflict
@@ -228,18 +228,22 @@ def check_limits(config: Config, states: Mapping[tuple, Mapping]) -> None:
         groups[(summary, topic, window_ms)] += 1
         buckets = len(entry["state"].hist)
         if buckets > s.max_buckets:
-            index = config.summaries.index(s)
-            raise SummaryLimitError(
-                f"summary {summary!r}: {buckets} histogram buckets for topic {topic!r}, window {window_ms}, "
-                f"group {group_key} exceed summaries[{index}].max_buckets = {s.max_buckets}; raise it, or coarsen "
-                f"the precision ({precision_label(s)})"
+            raise _limit_error(
+                config, s, f"{buckets} histogram buckets for topic {topic!r}, window {window_ms}, group {group_key}",
+                "max_buckets", f"coarsen the precision ({precision_label(s)})",
             )
     for (summary, topic, window_ms), n in groups.items():
         s = config.summary(summary)
         if n > s.max_groups:
-            index = config.summaries.index(s)
-            raise SummaryLimitError(
-                f"summary {summary!r}: {n} groups for topic {topic!r}, window {window_ms} exceed "
-                f"summaries[{index}].max_groups = {s.max_groups}; raise it, or group by fewer or "
-                f"lower-cardinality fields than {list(s.group_by)}"
+            raise _limit_error(
+                config, s, f"{n} groups for topic {topic!r}, window {window_ms}",
+                "max_groups", f"group by fewer or lower-cardinality fields than {list(s.group_by)}",
             )
+
+
+def _limit_error(config: Config, s: SummaryConfig, found: str, setting: str, instead: str) -> SummaryLimitError:
+    """``summary 'x': <found> exceed summaries[i].<setting> = <value>; raise it, or <instead>``."""
+    return SummaryLimitError(
+        f"summary {s.name!r}: {found} exceed summaries[{config.summaries.index(s)}].{setting} = "
+        f"{getattr(s, setting)}; raise it, or {instead}"
+    )
