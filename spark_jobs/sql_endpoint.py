@@ -13,6 +13,7 @@ main(argv) → args → frozen config → session → kdq.spark.sql_server.serve
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from kdq.config import Config
@@ -41,4 +42,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -135,7 +135,7 @@ class RecomputeReport(JobReport):
 class PushReport(JobReport):
     """``push_corrections``: every correction ever recorded for the interval, pushed again.
 
-    ``corrected_keys``: (topic, window, status) pushed; ``push``: ``metrics_messages``, ``influx_points``,
+    ``corrected_keys``: (topic, window, status) pushed; ``push``: ``metrics_sent``, ``influx_points``,
     ``influx_ok``, ``influx_error``; ``corrected_summary_groups`` / ``summaries_push``: the same for the
     streaming summaries (null when none). ``ok`` is false when InfluxDB refused a push.
     """
