@@ -102,13 +102,14 @@ def chart_svg(series: Series, title: str, width: int = 560, height: int = 170) -
     return "".join(parts)
 
 
-def _totals_row(topic: TopicView) -> str:
+def _totals_row(topic: TopicView, counted: bool) -> str:
+    """``counted``: the counts were read (without the SQL endpoint they are unknown: "—", never 0)."""
     cells = []
     for scale, series in (("hour", topic.hour), ("day", topic.day)):
         cells += [
-            f'<td class="n" data-field="{scale}-valid">{series.valid}</td>',
-            f'<td class="n" data-field="{scale}-invalid">{series.invalid}</td>',
-            f'<td class="n" data-field="{scale}-ratio">{_pct(series.ratio)}</td>',
+            f'<td class="n" data-field="{scale}-valid">{series.valid if counted else "—"}</td>',
+            f'<td class="n" data-field="{scale}-invalid">{series.invalid if counted else "—"}</td>',
+            f'<td class="n" data-field="{scale}-ratio">{_pct(series.ratio if counted else None)}</td>',
         ]
     return "".join(cells)
 
@@ -121,7 +122,7 @@ def _overview(model: PageModel) -> str:
         name = escape(topic.topic)
         rows.append(
             f'<tr data-topic="{name}" data-row="overview"><td><a href="#topic-{name}">{name}</a></td>'
-            f"{_totals_row(topic)}"
+            f"{_totals_row(topic, not model.sql_error)}"
             f'<td class="n" data-field="consumer-lag">{_num(topic.health.consumer_lag)}</td>'
             f'<td class="n" data-field="late-rows-hour">{topic.health.late_rows_hour}</td></tr>'
         )
@@ -175,7 +176,7 @@ def _corrections(topic: TopicView) -> str:
     )
 
 
-def _topic_section(topic: TopicView) -> str:
+def _topic_section(topic: TopicView, counted: bool) -> str:
     name = escape(topic.topic)
     h = topic.health
     health = (
@@ -184,11 +185,20 @@ def _topic_section(topic: TopicView) -> str:
         f"</b> · late rows: last batch <b>{_num(h.late_rows_last_batch)}</b>, last hour "
         f'<b data-field="late-rows-hour">{h.late_rows_hour}</b> (left to the hourly batch layer)</p>'
     )
-    return (
-        f'<section class="topic" id="topic-{name}" data-topic="{name}"><h2>{name}</h2>'
+    totals = (
         f'<table><tr data-topic="{name}" data-row="totals"><th>last hour: valid</th><th>invalid</th><th>ratio</th>'
         f"<th>last day: valid</th><th>invalid</th><th>ratio</th></tr>"
-        f'<tr data-topic="{name}" data-row="totals-values">{_totals_row(topic)}</tr></table>'
+        f'<tr data-topic="{name}" data-row="totals-values">{_totals_row(topic, counted)}</tr></table>'
+    )
+    if not counted:
+        unavailable = '<p class="muted">Not available without the SQL endpoint (see above).</p>'
+        return (
+            f'<section class="topic" id="topic-{name}" data-topic="{name}"><h2>{name}</h2>{totals}'
+            f"<h3>Stream health</h3>{health}<h3>Top invalid reasons</h3>{unavailable}"
+            f"<h3>Recent corrections</h3>{unavailable}</section>"
+        )
+    return (
+        f'<section class="topic" id="topic-{name}" data-topic="{name}"><h2>{name}</h2>{totals}'
         '<div class="legend muted">'
         f'<span style="background:{VALID_COLOR}"></span>valid<span style="background:{INVALID_COLOR}"></span>invalid'
         f'<span style="background:{RATIO_COLOR};height:2px"></span>invalid ratio</div>'
@@ -260,5 +270,5 @@ def render_page(model: PageModel) -> str:
         "(event time, window start). Reload for fresh numbers.</p>"
         f"{source}<h2>Topics</h2>{_overview(model)}<h2>Stream</h2>{_stream(model.stream)}"
         f"<h2>DAG runs</h2>{_dag_runs(model.dag_runs, model.dag_ids)}"
-        f"{''.join(_topic_section(t) for t in model.topics)}</body></html>"
+        f"{''.join(_topic_section(t, not model.sql_error) for t in model.topics)}</body></html>"
     )

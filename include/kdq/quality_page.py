@@ -109,7 +109,10 @@ def reasons_sql(db: str, page: PageRange, top: int = TOP_REASONS) -> str:
         f"WHERE window_start >= {start} AND window_start < {end} GROUP BY topic, reason HAVING SUM(count) <> 0), "
         "ranked AS (SELECT topic, reason, n, row_number() OVER (PARTITION BY topic ORDER BY n DESC, reason) AS r "
         "FROM reasons), "
-        "samples AS (SELECT topic, reason, partition, offset, value_preview, value_bytes, "
+        # The preview is CAST(value AS STRING) of raw bytes: invalid UTF-8 (reason not_utf8) would break the
+        # client's decoding (Spark Connect ships strings as Arrow UTF-8), so it is repaired with U+FFFD here.
+        "samples AS (SELECT topic, reason, partition, offset, make_valid_utf8(value_preview) AS value_preview, "
+        "value_bytes, "
         "row_number() OVER (PARTITION BY topic, reason ORDER BY window_start DESC, partition, offset) AS s "
         f"FROM {db}.invalid_samples WHERE event_hour >= '{event_hour(page.day_from_ms)}' "
         f"AND event_hour <= '{event_hour(page.day_to_ms - 1)}' "

@@ -18,6 +18,7 @@ from kdq.quality_page import (
     DagRunLink,
     PageRange,
     StreamHealth,
+    TopicHealth,
     build_model,
     dag_run_url,
     page_queries,
@@ -221,6 +222,16 @@ def test_page_without_the_endpoint_says_why_and_still_shows_stream_health() -> N
     parser.feed(html)
     assert parser.cells[(None, None, "sql-error")][0].startswith("Counts, reasons and corrections are not available")
     assert parser.cells[(None, None, "last-batch-id")] == ["4"]
+    # Unknown counts read "—", never 0; no chart pretends there was no traffic.
+    model = build_model(
+        PageRange(NOW), None, StreamHealth(state="running", topics={"orders": TopicHealth(3)}), sql_error="down"
+    )
+    parser = _Cells()
+    parser.feed(render_page(model))
+    assert parser.cells[("orders", "overview", "hour-valid")] == ["—"]
+    assert parser.cells[("orders", "totals-values", "day-invalid")] == ["—"]
+    assert parser.cells[("orders", "health", "consumer-lag")] == ["3"]
+    assert "<svg" not in render_page(model)
 
 
 def test_chart_has_one_bar_group_per_bucket_and_a_ratio_line() -> None:
@@ -271,7 +282,8 @@ def test_page_sql_on_delta_tables(spark, spark_config) -> None:
     spark.sql(
         f"INSERT INTO {db}.invalid_reasons VALUES ('{topic}', {ts(minute)}, 'not_json', 2, 0, "
         f"current_timestamp()), ('{topic}', {ts(minute)}, 'not_json', 1, 1, current_timestamp()), "
-        f"('{topic}', {ts(minute)}, 'schema:/required', 1, 1, current_timestamp())"
+        f"('{topic}', {ts(minute)}, 'schema:/required', 1, 1, current_timestamp()), "
+        f"('{topic}', {ts(minute)}, 'not_utf8', 1, 1, current_timestamp())"
     )
     hour = datetime.fromtimestamp(minute / 1000, tz=UTC).strftime("%Y-%m-%d-%H")
     spark.sql(
@@ -279,7 +291,9 @@ def test_page_sql_on_delta_tables(spark, spark_config) -> None:
         f"('{topic}', 1, 40, {ts(minute)}, {ts(minute)}, {ts(minute)}, NULL, CAST('nope' AS BINARY), "
         f"current_timestamp(), false, 'not_json', true, 'r1', 0, 'stream', '{hour}'), "
         f"('{topic}', 0, 41, {ts(minute)}, {ts(minute)}, {ts(minute)}, NULL, CAST('nope2' AS BINARY), "
-        f"current_timestamp(), false, 'not_json', true, 'r1', 0, 'stream', '{hour}')"
+        f"current_timestamp(), false, 'not_json', true, 'r1', 0, 'stream', '{hour}'), "
+        f"('{topic}', 2, 7, {ts(minute)}, {ts(minute)}, {ts(minute)}, NULL, unhex('FFFE41'), "
+        f"current_timestamp(), false, 'not_utf8', true, 'r1', 0, 'stream', '{hour}')"
     )
     spark.sql(
         f"INSERT INTO {db}.corrections VALUES ('{topic}', {ts(minute)}, 'valid', 4, 5, {ts(minute)}, "
@@ -291,10 +305,13 @@ def test_page_sql_on_delta_tables(spark, spark_config) -> None:
     [view] = [t for t in model.topics if t.topic == topic]
     assert (view.hour.valid, view.hour.invalid) == (5, 3)
     assert (view.day.valid, view.day.invalid) == (12, 3)
-    assert [(r.reason, r.count) for r in view.reasons] == [("not_json", 3), ("schema:/required", 1)]
-    top = view.reasons[0]
+    assert [(r.reason, r.count) for r in view.reasons] == [("not_json", 3), ("not_utf8", 1), ("schema:/required", 1)]
+    top, broken, unsampled = view.reasons
     assert (top.sample_partition, top.sample_offset, top.sample_preview, top.sample_bytes) == (0, 41, "nope2", 5)
-    assert view.reasons[1].sample_offset is None  # no archived record with that reason
+    # Invalid UTF-8 reaches the client repaired (Spark Connect could not decode it otherwise).
+    assert (broken.sample_offset, broken.sample_bytes) == (7, 3) and broken.sample_preview.endswith("A")
+    assert "\ufffd" in broken.sample_preview
+    assert unsampled.sample_offset is None  # no archived record with that reason
     [correction] = view.corrections
     assert (correction.old_count, correction.new_count, correction.run_id, correction.window_ms) == (
         4,

@@ -1,0 +1,208 @@
+"""The data-quality page's web app, served by Airflow's API server (registered by ``plugins/kdq_quality_page.py``).
+
+A FastAPI app mounted at ``/kdq``; ``/kdq/quality`` is the page, framed by the Airflow UI under
+``/plugin/kdq-data-quality`` (an external view in the navigation). It is behind Airflow's own login: the
+JWT the UI keeps in its ``_token`` cookie (or an ``Authorization: Bearer`` header) is checked by the
+configured auth manager, a request without one is sent to Airflow's login page, and the user needs access
+to the Airflow website (every role has it).
+
+Thin on purpose: the SQL and the shaping are :mod:`kdq.quality_page`, the HTML :mod:`kdq.quality_html`.
+Counts come from the always-on SQL endpoint over Spark Connect (a gRPC client in this process, no JVM);
+when the endpoint is not running or does not answer within ``KDQ_QUALITY_PAGE_TIMEOUT_SECONDS`` (default
+60), the page says so and still shows what it has without it (stream health, DAG runs). Queries of
+concurrent page loads run one at a time: the endpoint shares the machine with the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+log = logging.getLogger(__name__)
+
+URL_PREFIX = "/kdq"
+PAGE_PATH = "/quality"
+URL_ROUTE = "kdq-data-quality"  # the Airflow UI's own route of the framed page: /plugin/kdq-data-quality
+TIMEOUT_ENV = "KDQ_QUALITY_PAGE_TIMEOUT_SECONDS"
+RECENT_DAG_RUNS = 15
+
+ICON_SVG = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" fill="none" stroke="currentColor" '
+    'stroke-width="2"><path d="M4 20V10M10 20V4M16 20v-7M22 20H2"/></svg>'
+)
+
+# One worker: a page's queries never compete with another page's on the endpoint, and a hung query
+# holds one thread, not one per request.
+_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdq-quality-sql")
+_sessions: dict[str, Any] = {}
+_sessions_lock = threading.Lock()
+
+
+def _timeout() -> float:
+    try:
+        return float(os.environ.get(TIMEOUT_ENV) or 60)
+    except ValueError:
+        return 60.0
+
+
+async def _user(request: Request) -> Any | None:
+    """The logged-in Airflow user, or None (no token, expired or invalid)."""
+    from airflow.api_fastapi.core_api.security import resolve_user_from_token
+    from fastapi import HTTPException
+
+    header = request.headers.get("authorization", "")
+    token = header[7:] if header.lower().startswith("bearer ") else request.cookies.get("_token")
+    try:
+        return await resolve_user_from_token(token)
+    except HTTPException:
+        return None
+
+
+def _session(url: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    with _sessions_lock:
+        session = _sessions.get(url)
+        if session is None:
+            session = _sessions[url] = SparkSession.builder.remote(url).create()
+        return session
+
+
+def _forget(url: str) -> None:
+    with _sessions_lock:
+        session = _sessions.pop(url, None)
+    if session is not None:
+        try:
+            session.interruptAll()
+            session.stop()
+        except Exception:  # the endpoint is gone: nothing to release on its side
+            log.debug("closing the Spark Connect session to %s", url, exc_info=True)
+
+
+def _query(url: str, queries: dict[str, str]) -> dict[str, list[dict]]:
+    from kdq.quality_page import rows_as_dicts
+
+    session = _session(url)
+    return {name: rows_as_dicts(session.sql(sql).collect()) for name, sql in queries.items()}
+
+
+def _rows(config: Any, page: Any) -> tuple[dict[str, list[dict]] | None, str | None, str | None, float | None]:
+    """(rows per query, error, source, seconds): the page's statements over Spark Connect, with a deadline."""
+    from kdq.quality_page import page_queries
+    from kdq.stack.sql_endpoint import running_endpoint
+
+    endpoint = running_endpoint(config)
+    if endpoint is None:
+        return (
+            None,
+            (
+                "the SQL endpoint is not running (no endpoint recorded in the stack state "
+                f"{config.state_file}, or its ports do not answer)"
+            ),
+            None,
+            None,
+        )
+    url = endpoint.connect_url
+    started = time.monotonic()
+    future = _executor.submit(_query, url, page_queries(config.spark.database, page))
+    try:
+        rows = future.result(timeout=_timeout())
+    except FutureTimeout:
+        _forget(url)  # interrupts the running query, so the worker thread is free again
+        return None, f"the SQL endpoint {url} did not answer within {_timeout():.0f} s", url, None
+    except Exception as exc:  # a restarted endpoint forgets its sessions; the next load opens a new one
+        _forget(url)
+        log.warning("data-quality page: query through %s failed", url, exc_info=True)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return None, f"the query through the SQL endpoint {url} failed: {first}", url, None
+    return rows, None, url, time.monotonic() - started
+
+
+def _dag_runs(user: Any, run_ids: set[str]) -> list[Any]:
+    """kdq's recent DAG runs and the runs named by corrections, limited to the DAGs the user may read."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from kdq.quality_page import DagRunLink, dag_run_url
+    from kdq.stack.airflow import KDQ_DAGS
+
+    with create_session() as session:
+        allowed = set(KDQ_DAGS) & get_auth_manager().get_authorized_dag_ids(user=user, session=session)
+        if not allowed:
+            return []
+        columns = (DagRun.dag_id, DagRun.run_id, DagRun.state, DagRun.run_after)
+        recent = session.execute(
+            select(*columns).where(DagRun.dag_id.in_(allowed)).order_by(DagRun.run_after.desc()).limit(RECENT_DAG_RUNS)
+        ).all()
+        named = (
+            session.execute(
+                select(*columns).where(DagRun.dag_id.in_(allowed), DagRun.run_id.in_(sorted(run_ids)))
+            ).all()
+            if run_ids
+            else []
+        )
+    links = {}
+    for dag_id, run_id, state, run_after in [*recent, *named]:
+        links[(dag_id, run_id)] = DagRunLink(
+            dag_id,
+            run_id,
+            str(state) if state is not None else None,
+            int(run_after.timestamp() * 1000) if run_after else None,
+            dag_run_url(dag_id, run_id),
+        )
+    return sorted(links.values(), key=lambda link: -(link.run_after_ms or 0))
+
+
+def _render(user: Any) -> str:
+    from kdq.config import load_config
+    from kdq.quality_html import render_page
+    from kdq.quality_page import PageRange, build_model, correction_run_ids, read_progress_log, stream_health
+    from kdq.stack.airflow import KDQ_DAGS
+    from kdq.stream_state import stream_status
+
+    config = load_config()
+    page = PageRange(int(time.time() * 1000))
+    health = stream_health(stream_status(config), read_progress_log(config), page.now_ms)
+    rows, error, source, seconds = _rows(config, page)
+    try:
+        runs = _dag_runs(user, correction_run_ids((rows or {}).get("corrections", ())))
+    except Exception:  # the page must not fail because the metadata database hiccuped
+        log.warning("data-quality page: could not list DAG runs", exc_info=True)
+        runs = []
+    model = build_model(page, rows, health, runs, error, source, seconds, KDQ_DAGS)
+    return render_page(model)
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="kdq data quality", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get(PAGE_PATH, response_class=HTMLResponse)
+    async def quality_page(request: Request) -> Response:
+        from airflow.api_fastapi.app import get_auth_manager
+        from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+
+        user = await _user(request)
+        auth_manager = get_auth_manager()
+        if user is None:
+            return RedirectResponse(auth_manager.get_url_login(next_url=str(request.url)), status_code=303)
+        if not auth_manager.is_authorized_view(access_view=AccessView.WEBSITE, user=user):
+            return HTMLResponse("Forbidden: this user may not use the Airflow UI.", status_code=403)
+        html = await run_in_threadpool(_render, user)
+        return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+
+    @app.get("/icon.svg")
+    async def icon() -> Response:
+        return Response(ICON_SVG, media_type="image/svg+xml")
+
+    return app
