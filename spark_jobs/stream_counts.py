@@ -32,7 +32,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(spark, config: Config, args: argparse.Namespace, env: dict[str, str] | None = None) -> StreamReport:
     """Run the speed layer in an existing session until it stops; returns its report."""
+    from kdq.spark.session import exit_when_jvm_dies
     from kdq.spark.stream_job import run_speed_layer
+
+    exit_when_jvm_dies(spark)  # a driver without its JVM must not linger (the supervisor restarts us)
 
     return run_speed_layer(
         spark,

@@ -111,3 +111,21 @@ def test_new_topic_is_picked_up_and_sigterm_stops_gracefully(spark, local_stack,
     heartbeat = json.loads((config.data_dir / "stream" / "heartbeat.json").read_text())
     assert heartbeat["state"] == "stopped"
     assert "stopping after the current micro-batch" in stream_process(config).log_tail(400)
+
+
+def test_the_python_driver_exits_when_its_jvm_is_killed_mid_batch(spark, local_stack, stream_config, tmp_path) -> None:
+    """SIGKILL of the spark-submit JVM alone (an OOM kill) while the driver's Python runs a micro-batch
+    (held there by the hang switch): the driver must exit too, not linger in its batch callback."""
+    prefix, config = stream_config
+    topic = f"{prefix}-jvm"
+    local_stack.kafka.create_topic(topic, partitions=1)
+    produce(config.kafka_bootstrap(), topic, [(0, GOOD, W0)])
+    hang = {"KDQ_FAULT_HANG_SECONDS": "600", "KDQ_FAULT_BATCH": "0", "KDQ_FAULT_MARKER": str(tmp_path / "hung")}
+    jvm = psutil.Process(start_stream(config, extra_env=hang))
+    wait_for(lambda: (tmp_path / "hung").exists(), 180, "a micro-batch hanging in the driver's Python")
+    drivers = [p for p in jvm.children(recursive=True) if "stream_counts.py" in " ".join(p.cmdline())]
+    assert len(drivers) == 1, [p.cmdline() for p in jvm.children(recursive=True)]
+    jvm.kill()
+    gone, alive = psutil.wait_procs(drivers, timeout=30)
+    # (No log line to look for: under spark-submit the driver's output goes through the dead JVM.)
+    assert not alive, f"the Python driver {drivers[0].pid} still runs 30 s after its JVM was killed"

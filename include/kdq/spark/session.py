@@ -10,7 +10,11 @@ session sees every table by name.
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -113,3 +117,31 @@ def build_session(config: Config, app_name: str = "kdq", master: str | None = No
 
     register_tables(spark, config)
     return spark
+
+
+def exit_when_jvm_dies(spark: SparkSession, interval_seconds: float = 2.0) -> threading.Thread:
+    """Start a daemon thread that ends this Python driver (exit code 70) once its Spark JVM is gone.
+
+    For long-running jobs only (the stream): when the JVM is SIGKILLed (OOM killer, an operator), a
+    Python driver blocked in a callback or between py4j calls can linger without a JVM, holding the
+    stream's pid file and heartbeat and so delaying the supervisor's restart (seen in the chaos run).
+    Under spark-submit the JVM is this process's parent (its death re-parents us); when this process
+    launched the JVM itself (pyspark in a plain interpreter), the gateway's process handle says so.
+    """
+    launched = getattr(spark.sparkContext._gateway, "proc", None)
+    parent = os.getppid()
+
+    def gone() -> bool:
+        return launched.poll() is not None if launched is not None else os.getppid() != parent
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(interval_seconds)
+        # Mostly unseen: under spark-submit this process's output is piped through the dead JVM.
+        logging.getLogger("kdq.spark").error("the Spark JVM is gone (killed?): this driver exits too")
+        logging.shutdown()
+        os._exit(70)
+
+    thread = threading.Thread(target=watch, name="kdq-jvm-watchdog", daemon=True)
+    thread.start()
+    return thread
