@@ -43,11 +43,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from kdq import batch_failures, stream_state
-from kdq.batch_summary import merge_maxima, summarize
 from kdq.checkpoint_offsets import speed_layer_checkpoint
 from kdq.config import Config
 from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
 from kdq.metrics_topic import ensure_metrics_topic, metrics_producer, produce_counts
+from kdq.micro_batch import increments_of, merge_maxima
 from kdq.rules import RuleSet
 from kdq.spark import transforms
 from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
@@ -271,14 +271,14 @@ class SpeedLayer:
                 classified = transforms.mark_late(transforms.classify(batch, self.rules, stream, ingest_ms), before, stream)
                 classified = classified.persist()
                 aggregates = transforms.batch_aggregates(classified).collect()
-            summary = summarize([row.asDict() for row in aggregates], stream.reasons_window_seconds)
+            increments_in = increments_of([row.asDict() for row in aggregates], stream.reasons_window_seconds)
             report = BatchReport(
                 batch_id=batch_id,
-                input_rows=summary.input_rows,
-                input_rows_by_topic=summary.input_rows_by_topic,
-                invalid_rows=summary.invalid_rows,
-                late_rows=summary.late_rows,
-                max_event_ms=summary.max_event_ms,
+                input_rows=increments_in.input_rows,
+                input_rows_by_topic=increments_in.input_rows_by_topic,
+                invalid_rows=increments_in.invalid_rows,
+                late_rows=increments_in.late_rows,
+                max_event_ms=increments_in.max_event_ms,
                 replayed=replayed,
             )
             lap("classify_aggregate")
@@ -288,7 +288,7 @@ class SpeedLayer:
                         "batch_id": batch_id,
                         "ingest_time_ms": ingest_ms,
                         "max_event_ms_before": before,
-                        "max_event_ms_after": merge_maxima(before, summary.max_event_ms),
+                        "max_event_ms_after": merge_maxima(before, increments_in.max_event_ms),
                         "input_rows": report.input_rows,
                         "input_rows_by_topic": report.input_rows_by_topic,
                         "late_rows": report.late_rows,
@@ -306,9 +306,9 @@ class SpeedLayer:
             # have landed when the process dies: the replay completes the rest.
             writes = [
                 self._submit(timings, "archive", self._append_archive, classified, batch_id, report.input_rows),
-                self._submit(timings, "reasons", self._append_reasons, summary.reason_increments, batch_id),
+                self._submit(timings, "reasons", self._append_reasons, increments_in.reason_increments, batch_id),
             ]
-            increments = summary.window_increments
+            increments = increments_in.window_increments
             merge_window_increments(self.spark, increments, self.config, self.app_id, batch_id)
             lap("merge_counts")
             if self.config.summaries:  # streaming summaries: own MERGE, own guard, own outputs (kdq.spark.summaries)

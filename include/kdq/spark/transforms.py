@@ -171,7 +171,7 @@ def mark_late(
 def batch_aggregates(classified: DataFrame) -> DataFrame:
     """Everything a micro-batch needs to know, in one aggregation (one Spark job):
     rows per (topic, window_start, valid, reason, counted), with the largest
-    trustworthy event time. :mod:`kdq.batch_summary` turns the (small) result
+    trustworthy event time. :mod:`kdq.micro_batch` turns the (small) result
     into window increments, reason increments and per-topic statistics."""
     trusted = F.col("reason").isNull() | ~F.col("reason").isin(BAD_TIMESTAMP, FUTURE_TIMESTAMP)
     keys = ("topic", "window_start", "valid", "reason", "counted")
@@ -242,7 +242,7 @@ def one_row_per_record(archived: DataFrame) -> DataFrame:
 
 def reason_counts(rows: DataFrame, reasons_window_seconds: int) -> DataFrame:
     """(topic, window_start, reason, count) of the invalid ``rows`` per coarse reasons window: the shape of
-    the ``invalid_reasons`` table (the stream sums the same in Python, :mod:`kdq.batch_summary`)."""
+    the ``invalid_reasons`` table (the stream sums the same in Python, :mod:`kdq.micro_batch`)."""
     size = int(reasons_window_seconds) * 1000
     return (
         rows.where(~F.col("valid"))
