@@ -171,7 +171,12 @@ def _render(user: Any) -> str:
     from kdq.stack.airflow import KDQ_DAGS
     from kdq.stream_state import stream_status
 
-    config = load_config()
+    try:
+        config = load_config()
+    except Exception as exc:  # a broken kdq.toml: say so on the page instead of an opaque HTTP 500
+        from html import escape
+
+        return f"<!DOCTYPE html><html><body><h1>kdq: data quality</h1><p>kdq's configuration: {escape(str(exc))}</p>"
     page = PageRange(int(time.time() * 1000))
     health = stream_health(stream_status(config), read_progress_log(config), page.now_ms)
     rows, error, source, seconds = _rows(config, page)
