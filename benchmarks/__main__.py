@@ -68,10 +68,11 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--event-rate", type=int, default=50_000, help="msgs/s of event time the backlog spans")
     p.add_argument("--schema", choices=("on", "off", "both"), default="on", help="orders JSON Schema rule on the topics")
     p.add_argument(
-        "--rule-variants", default="refs,many",
+        "--rule-variants", default="refs,many,summaries",
         help="extra catch-up runs (no latency phase) with other rule sets, comma-separated: refs (the orders rule "
         "written with $ref + oneOf + format, benchmarks/rules/orders_refs.schema.json), many (1,000 topic rules, "
-        "each topic its own copy of the orders schema); empty for none",
+        "each topic its own copy of the orders schema), summaries (the orders rule plus two streaming summaries); "
+        "empty for none",
     )
     p.add_argument("--producers", type=int, default=2, help="producer processes for the backlog")
     p.add_argument("--baseline-processes", default="1,2", help="process counts for the baselines")
@@ -132,7 +133,23 @@ RULE_VARIANTS = {
     "orders": ("s", PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE, "the `orders` JSON Schema rule"),
     "refs": ("r", PROJECT / "benchmarks" / "rules" / "orders_refs.schema.json", "the orders rule written with `$ref` + `oneOf` + `format`"),
     "many": ("m", PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE, "1,000 topic rules, each topic its own schema"),
+    "summaries": (
+        "y", PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE,
+        "the `orders` rule plus two streaming summaries (amount per currency and channel; amount per customer tier)",
+    ),
 }
+
+
+def bench_summaries(label: str) -> list[dict]:
+    """The summaries of the ``summaries`` variant: over every record of its topics, two groupings each, so
+    every batch merges histogram states of (windows × groups) per summary into the summaries table."""
+    topics = f"re:bench-{label}-.*"
+    return [
+        {"name": "order_amount", "topic": topics, "value": "amount", "group_by": ["currency", "channel"],
+         "window_seconds": 60, "significant_digits": 3},
+        {"name": "order_amount_by_tier", "topic": topics, "value": "amount", "group_by": ["customer.tier"],
+         "window_seconds": 60, "significant_digits": 2},
+    ]
 MANY_RULES = 1000
 
 
@@ -286,6 +303,8 @@ def speed_phase(
         spark=overrides_spark,
         influxdb={"url": stack.influx.url},
     )
+    if rule == "summaries":
+        config = config.with_summaries(bench_summaries(label))
     config = write_config(config, data / "kdq.toml")
     result["stream_settings"] = {
         "trigger_seconds": args.trigger_seconds if args.trigger_seconds is not None else config.stream.trigger_interval_seconds,

@@ -26,6 +26,8 @@ def _toml_value(value) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
     return json.dumps(str(value))
@@ -39,6 +41,10 @@ def write_config(config: Config, path: Path) -> Config:
         for key, value in getattr(config, name).model_dump().items():
             if name == "paths":
                 value = str(config.path(value))
+            lines.append(f"{key} = {_toml_value(value)}")
+    for summary in config.summaries:
+        lines.append("[[summaries]]")
+        for key, value in summary.model_dump(exclude_none=True).items():
             lines.append(f"{key} = {_toml_value(value)}")
     path.write_text("\n".join(lines) + "\n")
     return load_config(path=path, env={})
