@@ -61,9 +61,14 @@ def _connect(url: str, query: str) -> list[list]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _beeline(url: str, query: str) -> list[dict]:
-    done = subprocess.run([str(BEELINE), "-u", url, "-n", "kdq", "--silent=true", "--outputformat=csv2", "-e", query],
+def _run_beeline(url: str, query: str, user: str = "kdq", password: str | None = None) -> subprocess.CompletedProcess:
+    login = ["-n", user, *(["-p", password] if password is not None else [])]
+    return subprocess.run([str(BEELINE), "-u", url, *login, "--silent=true", "--outputformat=csv2", "-e", query],
                           capture_output=True, text=True, timeout=180, cwd=PROJECT_ROOT, env=CHILD_ENV)
+
+
+def _beeline(url: str, query: str, password: str | None = None) -> list[dict]:
+    done = _run_beeline(url, query, password=password)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     # With --silent the result's header follows the prompt ("0: jdbc:hive2://...> w,status,count").
     lines = [line.split("> ", 1)[-1] if line.startswith("0: jdbc") else line for line in done.stdout.splitlines()]
@@ -111,3 +116,25 @@ def test_counts_over_spark_connect_jdbc_and_kdq_sql(spark, endpoint: LocalSqlEnd
     assert f"through the SQL endpoint {endpoint.connect_url}" in done.stderr
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in done.stdout.splitlines() if line.startswith("|")]
     assert cells == [["status", "n"], ["invalid", "2"], ["valid", "6"]]
+
+
+@pytest.fixture
+def sql_password(monkeypatch) -> str:
+    """KDQ_SQL_PASSWORD in this process's environment, which the endpoint started next inherits."""
+    password = f"pw-{uuid.uuid4().hex}"
+    monkeypatch.setenv("KDQ_SQL_PASSWORD", password)
+    monkeypatch.delenv("KDQ_SQL_USER", raising=False)
+    return password
+
+
+def test_thrift_server_requires_the_password_when_one_is_set(sql_password: str, endpoint: LocalSqlEndpoint) -> None:
+    """The compose deployment's setting: with KDQ_SQL_PASSWORD, JDBC clients must log in as KDQ_SQL_USER
+    (default kdq) with that password (io.kdq.spark.SqlPasswordAuthenticator)."""
+    query = "SELECT count(*) AS n FROM kdq.window_counts"
+    rows = _beeline(endpoint.jdbc_url, query, password=sql_password)
+    assert len(rows) == 1 and int(rows[0]["n"]) >= 0
+    for user, password in (("kdq", "wrong"), ("kdq", None), ("someone", sql_password)):
+        refused = _run_beeline(endpoint.jdbc_url, query, user=user, password=password)
+        output = refused.stdout + refused.stderr
+        assert refused.returncode != 0 and "Error" in output, (user, password, output[-2000:])
+        assert "n\n" not in refused.stdout  # no result header: nothing was answered

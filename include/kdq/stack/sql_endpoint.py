@@ -8,11 +8,14 @@ so "port open" is the health check.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from kdq.config import Config
 from kdq.stack.procs import ManagedProcess, StackError, port_open, wait_until
 
-# Loopback only: locally there is no authentication (anyone on this machine may read the counts, as
-# they may read the Delta files). Each JDBC/Connect client gets its own session of the one driver
+# Loopback only: locally there is no authentication unless KDQ_SQL_PASSWORD is set (anyone on this
+# machine may read the counts, as they may read the Delta files). Each JDBC/Connect client gets its own session of the one driver
 # (singleSession false): SET and temporary views stay per client, tables and views are shared.
 ENDPOINT_CONF = {
     "spark.connect.grpc.binding.address": "127.0.0.1",
@@ -21,6 +24,29 @@ ENDPOINT_CONF = {
     "spark.hadoop.hive.server2.transport.mode": "binary",
     "spark.sql.hive.thriftServer.singleSession": "false",
 }
+
+PASSWORD_ENV = "KDQ_SQL_PASSWORD"
+USER_ENV = "KDQ_SQL_USER"
+
+
+AUTHENTICATOR = "io.kdq.spark.SqlPasswordAuthenticator"
+
+
+def thrift_auth_conf(env: Mapping[str, str], driver_java_options: str = "") -> dict[str, str]:
+    """Password authentication of the Thrift server when ``KDQ_SQL_PASSWORD`` is set (the compose
+    deployment sets it; locally it is optional): HiveServer2's CUSTOM mode with kdq's provider
+    (``io.kdq.spark.SqlPasswordAuthenticator`` in the kdq-spark-functions jar), which reads the expected
+    ``KDQ_SQL_USER`` (default ``kdq``) and password from the endpoint's own environment.
+
+    The provider's class name must be a JVM system property: Hive's CUSTOM mode reads it from a fresh
+    ``HiveConf`` (hive-site.xml and system properties), not from the session's Hadoop conf, so it is
+    appended to the driver's Java options (``driver_java_options``: the ones the session conf sets)."""
+    if not env.get(PASSWORD_ENV):
+        return {}
+    return {
+        "spark.hadoop.hive.server2.authentication": "CUSTOM",
+        "spark.driver.extraJavaOptions": f"{driver_java_options} -Dhive.server2.custom.authentication.class={AUTHENTICATOR}".strip(),
+    }
 
 
 class LocalSqlEndpoint:
@@ -60,6 +86,7 @@ class LocalSqlEndpoint:
         )
         conf = {
             **ENDPOINT_CONF,
+            **thrift_auth_conf(os.environ, self._driver_java_options()),
             "spark.connect.grpc.binding.port": str(self.connect_port),
             "spark.hadoop.hive.server2.thrift.port": str(self.thrift_port),
             "spark.kdq.sqlEndpoint.dataDir": str(self.config.data_dir),
@@ -72,6 +99,11 @@ class LocalSqlEndpoint:
             extra += ["--driver-class-path", jars.replace(",", ":")]
         script = command.index(next(part for part in command if part.endswith("sql_endpoint.py")))
         return [*command[:script], *extra, *command[script:]]
+
+    def _driver_java_options(self) -> str:
+        from kdq.spark.session import spark_conf
+
+        return spark_conf(self.config, "kdq-sql-endpoint").get("spark.driver.extraJavaOptions", "")
 
     def start(self, timeout: float = 240.0, wait: bool = True) -> None:
         """Start (no-op when running); with ``wait``, block until both ports answer or raise StackError."""
