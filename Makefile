@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 KDQ := $(VENV)/bin/kdq
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run stop status test test-unit test-integration lint package bench bench-quick bench-sweep chaos
+.PHONY: setup run stop status test test-unit test-integration test-cluster lint package bench bench-quick bench-sweep chaos
 
 setup:
 	@bash scripts/setup.sh
@@ -34,6 +34,12 @@ test-unit: setup
 
 test-integration: setup
 	@$(PY) -m pytest tests/integration -q
+
+## test-cluster: the cluster shape of the stack (3 Kafka brokers at RF 3, Spark standalone master + 2 workers;
+## docs/cluster.md): the seed example submitted to the master, a broker killed mid-stream. ~10 min.
+## `make test` includes it; leave it out with: .venv/bin/python -m pytest tests -m "not cluster"
+test-cluster: setup
+	@$(PY) -m pytest tests/integration/test_cluster.py -q -m cluster -s
 
 ## bench: the benchmark (own local stack on free ports; ~9 min at the default size); results in benchmarks/results/
 bench: setup

@@ -390,13 +390,27 @@ class Config(_Section):
     def kafka_bootstrap(self) -> str:
         if self.kafka.bootstrap_servers:
             return self.kafka.bootstrap_servers
-        port = self.local_state().get("kafka_port")
+        state = self.local_state()
+        if state.get("kafka_bootstrap"):  # the local stack as a cluster: every broker (kdq up --cluster)
+            return state["kafka_bootstrap"]
+        port = state.get("kafka_port")
         if not port:
             raise ConfigError(
                 "kafka.bootstrap_servers is empty and no local broker is recorded in "
                 f"{self.state_file}: start the local stack with `kdq up` or set KDQ_KAFKA__BOOTSTRAP_SERVERS"
             )
         return f"127.0.0.1:{port}"
+
+    def spark_master(self) -> str:
+        """``spark.master``, except that a ``local[...]`` master gives way to the local stack's standalone
+        master while the stack of this data folder is a cluster (``kdq up --cluster``): the stack has one
+        shape at a time, and every job of the folder runs on it. Any other master is used as configured."""
+        master = self.spark.master
+        if master.startswith("local"):
+            state = self.local_state()
+            if state.get("cluster") and state.get("spark_master"):
+                return state["spark_master"]
+        return master
 
     def influx_url(self) -> str:
         if self.influxdb.url:

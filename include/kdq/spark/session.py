@@ -58,6 +58,12 @@ def connector_jars(config: Config) -> list[Path]:
     return [*jars, functions]
 
 
+def on_this_machine(master: str) -> bool:
+    """local[...] or a standalone master on loopback: its executors can use this machine's jars and Python.
+    A remote cluster gets its jars and Python from the deployment (--packages, [spark.conf]; deploy/)."""
+    return master.startswith("local") or master.startswith(("spark://127.0.0.1:", "spark://localhost:"))
+
+
 def spark_conf(config: Config, app_name: str) -> dict[str, str]:
     """Every setting the factory applies, as a plain dict (spark-submit --conf uses the same)."""
     conf = {
@@ -94,12 +100,20 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
     }
-    if config.spark.master.startswith("local"):
+    master = config.spark_master()
+    if on_this_machine(master):
+        # Also on a standalone master on loopback (kdq up --cluster): --jars ships them to the executors
+        # (fetched from the driver), so the workers need nothing installed.
         conf["spark.jars"] = ",".join(str(p) for p in connector_jars(config))
         # Python workers (the summaries' driver-side helpers, any pandas UDF) must
-        # run in this interpreter, not whatever python3 is first on PATH.
+        # run in this interpreter, not whatever python3 is first on PATH; executors
+        # of a loopback cluster run on this machine, so the venv's is theirs too.
         conf["spark.pyspark.python"] = sys.executable
         conf["spark.pyspark.driver.python"] = sys.executable
+    if master.startswith("spark://") and on_this_machine(master):
+        # Executors of a 1-core, 2 GB worker (kdq.stack.spark_cluster); [spark.conf] overrides.
+        conf["spark.executor.memory"] = "1g"
+        conf["spark.executor.cores"] = "1"
     conf.update(config.spark.conf)
     return conf
 
@@ -108,7 +122,7 @@ def build_session(config: Config, app_name: str = "kdq", master: str | None = No
     """A SparkSession with Delta and the Kafka connector, and every kdq table registered by name."""
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master(master or config.spark.master)
+    builder = SparkSession.builder.master(master or config.spark_master())
     for key, value in spark_conf(config, app_name).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import zipfile
 from pathlib import Path
 
 from kdq.config import Config, ConfigError
@@ -29,12 +31,34 @@ def job_path(name: str) -> Path:
     return path
 
 
+def package_zip(config: Config) -> Path:
+    """The kdq package as a zip for ``--py-files`` (what `make package` builds as dist/kdq.zip), rebuilt
+    under the data folder whenever a source file is newer, so executors never run stale code."""
+    source = PROJECT_ROOT / "include" / "kdq"
+    files = sorted(p for p in source.rglob("*") if p.suffix in (".py", ".typed"))
+    target = config.data_dir / "spark-submit" / "kdq.zip"
+    if target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in files):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in files:
+            archive.write(path, path.relative_to(source.parent))
+    partial.replace(target)  # atomic: a concurrent submit sees the old zip or the new one
+    return target
+
+
 def submit_command(config: Config, job: str, job_args: list[str], app_name: str | None = None) -> list[str]:
     conf = spark_conf(config, app_name or f"kdq-{job}")
-    command = [spark_submit_binary(), "--master", config.spark.master, "--name", conf.pop("spark.app.name")]
+    master = config.spark_master()
+    command = [spark_submit_binary(), "--master", master, "--name", conf.pop("spark.app.name")]
     if "spark.jars" in conf:
         # --jars puts them on the driver's classpath too (a conf set later would not).
         command += ["--jars", conf.pop("spark.jars")]
+    if not master.startswith("local"):
+        # Executors are separate JVMs whose Python workers import kdq (the job's functions are pickled by
+        # reference): the package goes with the application.
+        command += ["--py-files", str(package_zip(config))]
     command += ["--driver-memory", conf.pop("spark.driver.memory")]
     for key, value in sorted(conf.items()):
         command += ["--conf", f"{key}={value}"]

@@ -1,4 +1,10 @@
-"""A single-node Kafka broker in KRaft mode (combined broker + controller), from the Maven jars."""
+"""Local Kafka in KRaft mode, from the Maven jars: one combined broker + controller node (the default
+stack), or several such nodes forming one controller quorum (``kdq up --cluster``: three nodes, topics at
+replication factor 3 and ``min.insync.replicas`` 2, so one broker can die without losing an acknowledged
+record or blocking a producer with ``acks=all``).
+
+Node 1 keeps the single broker's folder (``<data_dir>/kafka``) and ports; nodes 2.. live in
+``<data_dir>/kafka-<n>``. Every node is a ManagedProcess of its own, so a test can kill and restart one."""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ import base64
 import shutil
 import subprocess
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from kdq.config import Config
@@ -24,23 +32,61 @@ logger.server.level = INFO
 """
 
 
+@dataclass(frozen=True)
+class KafkaNode:
+    """One KRaft process (broker and controller) of the local Kafka."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    home: Path
+
+    @property
+    def properties(self) -> Path:
+        return self.home / "server.properties"
+
+    @property
+    def process(self) -> ManagedProcess:
+        name = "kafka" if self.node_id == 1 else f"kafka-{self.node_id}"
+        return ManagedProcess(
+            name=name, pid_file=self.home / "kafka.pid", log_file=self.home / "kafka.log", marker=str(self.properties)
+        )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
 class LocalKafka:
-    def __init__(self, config: Config, port: int, controller_port: int) -> None:
+    """``extra_nodes``: (port, controller_port) of nodes 2.. ; none is the single-broker stack of old."""
+
+    def __init__(
+        self, config: Config, port: int, controller_port: int, extra_nodes: Sequence[tuple[int, int]] = ()
+    ) -> None:
         self.config = config
         self.port = port
         self.controller_port = controller_port
         self.home = config.data_dir / "kafka"
-        self.properties = self.home / "server.properties"
-        self.process = ManagedProcess(
-            name="kafka",
-            pid_file=self.home / "kafka.pid",
-            log_file=self.home / "kafka.log",
-            marker=str(self.properties),
-        )
+        self.nodes = [KafkaNode(1, port, controller_port, self.home)] + [
+            KafkaNode(i, p, c, config.data_dir / f"kafka-{i}") for i, (p, c) in enumerate(extra_nodes, start=2)
+        ]
+        self.properties = self.nodes[0].properties
+        self.process = self.nodes[0].process
+
+    @property
+    def replication_factor(self) -> int:
+        """Of every topic kdq creates and of the internal topics: one copy per node, up to three."""
+        return min(3, len(self.nodes))
+
+    @property
+    def min_insync_replicas(self) -> int:
+        # RF 3 with 2 in sync: an acks=all write survives one broker's loss and is still accepted while it is down.
+        return 2 if self.replication_factor >= 3 else 1
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        # Every node: a client started while one broker is down still finds the cluster.
+        return ",".join(node.address for node in self.nodes)
 
     def jars(self) -> Path:
         folder = self.config.jars_dir / "kafka"
@@ -57,32 +103,36 @@ class LocalKafka:
             raise StackError("java not found on PATH: install a Java 17 JRE (Debian: openjdk-17-jre-headless)")
         return java
 
-    def _write_config(self) -> None:
+    def _write_config(self, node: KafkaNode) -> None:
         kafka = self.config.kafka
         max_bytes = kafka.max_message_bytes
+        rf, isr = str(self.replication_factor), str(self.min_insync_replicas)
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
         # Local-stack settings. Retention is by time of the *record timestamp*,
         # and tests and demos replay old event times, so time retention is off;
         # the timestamp-skew limits are opened because rejecting a record with a
         # wrong clock is our job (future_timestamp), not the broker's.
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(self.home / "data"),
+            "log.dirs": str(node.home / "data"),
             "num.partitions": str(kafka.local_partitions),
             "auto.create.topics.enable": "true",
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": rf,
+            "min.insync.replicas": isr,
+            "offsets.topic.replication.factor": rf,
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": isr,
             "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": isr,
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.ms": "-1",
             "message.max.bytes": str(max_bytes),
@@ -93,70 +143,103 @@ class LocalKafka:
             "num.network.threads": "2",
             "num.io.threads": "4",
         }
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.properties.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        (self.home / "log4j2.properties").write_text(LOG4J2)
+        if len(self.nodes) > 1:
+            # A restarted broker takes its partitions' leadership back soon (the test restarts one mid-stream).
+            props["leader.imbalance.check.interval.seconds"] = "10"
+        node.home.mkdir(parents=True, exist_ok=True)
+        node.properties.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (node.home / "log4j2.properties").write_text(LOG4J2)
 
-    def _command(self, main: str, *args: str, heap: str = "768m") -> list[str]:
+    def _command(self, node: KafkaNode, main: str, *args: str, heap: str = "768m") -> list[str]:
         return [
             self._java(),
             f"-Xmx{heap}",
             "-Xms128m",
             "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+            f"-Dlog4j2.configurationFile={node.home / 'log4j2.properties'}",
             "-cp",
             str(self.jars() / "*"),
             main,
             *args,
         ]
 
-    def _format_storage(self) -> None:
-        if (self.home / "data" / "meta.properties").exists():
-            return
+    def _cluster_id(self) -> str:
+        """One id for every node of the quorum, kept beside node 1's data (nodes are formatted one by one)."""
+        path = self.home / "cluster.id"
+        if path.exists():
+            return path.read_text().strip()
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        self.home.mkdir(parents=True, exist_ok=True)
+        path.write_text(cluster_id)
+        return cluster_id
+
+    def _format_storage(self, node: KafkaNode) -> None:
+        if (node.home / "data" / "meta.properties").exists():
+            return
         result = subprocess.run(
             self._command(
                 # --opt=value: a cluster id may start with "-" and must not read as an option
-                "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", f"--config={self.properties}", heap="256m"
+                node, "kafka.tools.StorageTool", "format", f"--cluster-id={self._cluster_id()}",
+                f"--config={node.properties}", heap="256m",
             ),
             capture_output=True,
             text=True,
             timeout=120,
         )
         if result.returncode != 0:
-            raise StackError(f"kafka: formatting the KRaft storage failed:\n{result.stdout}\n{result.stderr}")
+            raise StackError(f"{node.process.name}: formatting the KRaft storage failed:\n{result.stdout}\n{result.stderr}")
 
     def healthy(self, timeout: float = 3.0) -> bool:
-        if not port_open(self.port):
+        """Every node answers and is registered as a broker."""
+        if not all(port_open(node.port) for node in self.nodes):
             return False
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap, **self.config.kafka.client})
         metadata = admin.list_topics(timeout=timeout)
-        return bool(metadata.brokers)
+        return len(metadata.brokers) >= len(self.nodes)
+
+    def running(self) -> bool:
+        return any(node.process.running() for node in self.nodes)
+
+    def _alive(self) -> bool:
+        return all(node.process.running() for node in self.nodes)
+
+    def _logs(self) -> str:
+        return "\n".join(f"--- {n.process.name}\n{n.process.log_tail(15 if len(self.nodes) > 1 else 30)}" for n in self.nodes)
 
     def start(self, timeout: float = 90.0) -> None:
-        if self.process.running():
-            wait_until(self.healthy, timeout, "kafka", alive=self.process.running, log=self.process.log_tail)
-            return
-        for port in (self.port, self.controller_port):
-            if port_open(port):
-                raise StackError(f"kafka: port {port} is already in use by another program")
-        self._write_config()
-        self._format_storage()
-        self.process.start(self._command("kafka.Kafka", str(self.properties), heap="1g"))
-        wait_until(self.healthy, timeout, "kafka", alive=self.process.running, log=self.process.log_tail)
+        """Start every node that is not running (a quorum needs a majority up to elect), then wait for all."""
+        for node in self.nodes:
+            if node.process.running():
+                continue
+            for port in (node.port, node.controller_port):
+                if port_open(port):
+                    raise StackError(f"{node.process.name}: port {port} is already in use by another program")
+            self._write_config(node)
+            self._format_storage(node)
+        heap = "1g" if len(self.nodes) == 1 else "512m"
+        for node in self.nodes:
+            if not node.process.running():
+                node.process.start(self._command(node, "kafka.Kafka", str(node.properties), heap=heap))
+        wait_until(self.healthy, timeout, "kafka", alive=self._alive, log=self._logs)
 
     def stop(self) -> bool:
-        return self.process.stop(timeout=30)
+        stopped = [node.process.stop(timeout=30) for node in reversed(self.nodes)]
+        return any(stopped)
 
     def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+        """At the stack's replication factor; on the cluster with ``min.insync.replicas`` 2 (unless given)."""
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient, NewTopic
 
+        settings = dict(config or {})
+        if self.replication_factor > 1:
+            settings.setdefault("min.insync.replicas", str(self.min_insync_replicas))
         admin = AdminClient({"bootstrap.servers": self.bootstrap, **self.config.kafka.client})
-        futures = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})], operation_timeout=30)
+        topic = NewTopic(name, partitions, self.replication_factor, config=settings)
+        futures = admin.create_topics([topic], operation_timeout=30)
         try:
             futures[name].result(timeout=60)
         except KafkaException as exc:

@@ -17,7 +17,8 @@ from kdq.stack.airflow import USERNAME as AIRFLOW_USER
 from kdq.stack.airflow import LocalAirflow
 from kdq.stack.influx import LocalInflux
 from kdq.stack.kafka import LocalKafka
-from kdq.stack.procs import quiet_port
+from kdq.stack.procs import StackError, port_open, quiet_port
+from kdq.stack.spark_cluster import LocalSparkCluster
 from kdq.stack.sql_endpoint import LocalSqlEndpoint
 
 
@@ -31,10 +32,24 @@ class ComponentStatus:
 
     def line(self) -> str:
         state = "healthy" if self.healthy else ("running, NOT healthy" if self.running else "stopped")
-        return f"{self.name:<10} {self.address:<28} {state}{('  ' + self.detail) if self.detail else ''}"
+        return f"{self.name:<14} {self.address:<28} {state}{('  ' + self.detail) if self.detail else ''}"
 
 
-def _ports(config: Config) -> dict[str, int]:
+# The cluster shape (kdq up --cluster): Kafka nodes 2.. and Spark standalone workers beside node 1 / the master.
+CLUSTER_KAFKA_NODES = 3
+CLUSTER_SPARK_WORKERS = 2
+
+
+def _cluster_port_keys() -> list[str]:
+    keys = []
+    for node in range(2, CLUSTER_KAFKA_NODES + 1):
+        keys += [f"kafka{node}_port", f"kafka{node}_controller_port"]
+    keys += ["spark_master_port", "spark_master_ui_port"]
+    keys += [f"spark_worker{i}_ui_port" for i in range(1, CLUSTER_SPARK_WORKERS + 1)]
+    return keys
+
+
+def _ports(config: Config, cluster: bool = False) -> dict[str, int]:
     """Configured ports win; otherwise reuse the recorded ones; otherwise pick free ones and record them."""
     state = config.local_state()
     wanted = {
@@ -45,6 +60,7 @@ def _ports(config: Config) -> dict[str, int]:
         "airflow_port": int(os.environ.get(AIRFLOW_PORT_ENV) or 0),
         "sql_connect_port": 0,
         "sql_thrift_port": 0,
+        **({key: 0 for key in _cluster_port_keys()} if cluster else {}),
     }
     ports: dict[str, int] = {}
     for key, value in wanted.items():
@@ -58,13 +74,30 @@ def _ports(config: Config) -> dict[str, int]:
 
 
 class LocalStack:
-    def __init__(self, config: Config, with_sql_endpoint: bool = False) -> None:
+    def __init__(self, config: Config, with_sql_endpoint: bool = False, cluster: bool | None = None) -> None:
         """``with_sql_endpoint``: `up` also starts the always-on SQL endpoint (`kdq up`, `kdq run`); jobs and
-        tests that only need the broker and InfluxDB leave it out (it is a Spark driver of its own)."""
+        tests that only need the broker and InfluxDB leave it out (it is a Spark driver of its own).
+
+        ``cluster``: the stack's shape, three Kafka brokers and a Spark standalone cluster (True) or one
+        broker with Spark in local mode (False); None is the shape recorded by the last `up` (`status`,
+        `down` and the jobs follow what runs)."""
         self.config = config
-        self.with_sql_endpoint = with_sql_endpoint
-        ports = _ports(config)
-        self.kafka = LocalKafka(config, ports["kafka_port"], ports["kafka_controller_port"])
+        recorded = bool(config.local_state().get("cluster"))
+        self.cluster = recorded if cluster is None else cluster
+        # Not on the cluster (yet): a standalone application takes every free core by default, so an
+        # always-on endpoint would leave the stream's executors waiting on this 2-worker cluster.
+        self.with_sql_endpoint = with_sql_endpoint and not self.cluster
+        ports = _ports(config, self.cluster)
+        extra_nodes = [
+            (ports[f"kafka{n}_port"], ports[f"kafka{n}_controller_port"]) for n in range(2, CLUSTER_KAFKA_NODES + 1)
+        ] if self.cluster else []
+        self.kafka = LocalKafka(config, ports["kafka_port"], ports["kafka_controller_port"], extra_nodes)
+        self.spark: LocalSparkCluster | None = None
+        if self.cluster:
+            self.spark = LocalSparkCluster(
+                config, ports["spark_master_port"], ports["spark_master_ui_port"],
+                [ports[f"spark_worker{i}_ui_port"] for i in range(1, CLUSTER_SPARK_WORKERS + 1)],
+            )
         self.influx = LocalInflux(config, ports["influx_port"], ports["influx_rpc_port"])
         # Started by `make run` (kdq run), not by `up`: the stack alone is what tests and jobs need.
         self.airflow = LocalAirflow(config, ports["airflow_port"])
@@ -72,6 +105,10 @@ class LocalStack:
 
     def up(self) -> list[ComponentStatus]:
         """Start what is not running and wait until healthy. Starting twice is harmless."""
+        self._record_shape()
+        if self.spark is not None:
+            # Before the SQL endpoint: a local[...] master of this folder now resolves to it.
+            self.spark.start()
         if self.with_sql_endpoint:
             # Its JVM and session start while the broker does; waited for below.
             self.sql_endpoint.start(wait=False)
@@ -82,6 +119,37 @@ class LocalStack:
         if self.with_sql_endpoint:
             self.sql_endpoint.wait()
         return self.status()
+
+    def _record_shape(self) -> None:
+        """Record the shape in the state file (what `status`, `down`, Config.kafka_bootstrap and
+        Config.spark_master follow); refuse to change it over a running stack or formatted Kafka data."""
+        state = self.config.local_state()
+        nodes = len(self.kafka.nodes)
+        if bool(state.get("cluster")) != self.cluster:
+            other = LocalStack(self.config, cluster=not self.cluster)
+            running = [n.process.name for n in other.kafka.nodes if n.process.running()]
+            if other.spark is not None and other.spark.running():
+                running.append("spark cluster")
+            if running:
+                raise StackError(
+                    f"the stack of {self.config.data_dir} runs as a {'cluster' if not self.cluster else 'single broker'}"
+                    f" ({', '.join(running)}): stop it with `kdq down` before `kdq up"
+                    f"{' --cluster' if self.cluster else ''}`"
+                )
+        state = self.config.local_state()
+        formatted = int(state.get("kafka_nodes") or 0)
+        if formatted and formatted != nodes and (self.kafka.home / "data" / "meta.properties").exists():
+            raise StackError(
+                f"the Kafka data in {self.config.data_dir} belongs to a {formatted}-node quorum, not {nodes}: "
+                f"use another data folder, or delete {self.config.data_dir}/kafka* (its topics are lost)"
+            )
+        shape = {"cluster": self.cluster, "kafka_nodes": nodes}
+        if self.cluster:
+            shape |= {"kafka_bootstrap": self.kafka.bootstrap, "spark_master": self.spark.url}
+        new_state = {k: v for k, v in state.items() if k not in ("kafka_bootstrap", "spark_master")} | shape
+        if new_state != state:
+            self.config.state_file.parent.mkdir(parents=True, exist_ok=True)
+            self.config.state_file.write_text(json.dumps(new_state, indent=2))
 
     def down(self) -> list[str]:
         """Stop every component; returns the names of those that were running."""
@@ -94,15 +162,19 @@ class LocalStack:
             stopped.append("airflow")
         if stop_stream(self.config):
             stopped.append("stream")
-        for name, component in (("sql-endpoint", self.sql_endpoint), ("influxdb", self.influx), ("kafka", self.kafka)):
+        for name, component in (("sql-endpoint", self.sql_endpoint), ("influxdb", self.influx)):
             if component.stop():
                 stopped.append(name)
+        if self.spark is not None and self.spark.stop():
+            stopped.append("spark-cluster")
+        if self.kafka.stop():
+            stopped.append("kafka")
         return stopped
 
     def status(self) -> list[ComponentStatus]:
-        result = []
+        result = self._cluster_status() if self.cluster else []
         for name, component, address in (
-            ("kafka", self.kafka, self.kafka.bootstrap),
+            *([] if self.cluster else [("kafka", self.kafka, self.kafka.bootstrap)]),
             ("influxdb", self.influx, self.influx.url),
         ):
             running = component.process.running()
@@ -133,6 +205,8 @@ class LocalStack:
             stats = read_stats(self.config) or {}
             detail = f"{stats.get('produced', 0)} records produced, {stats.get('failed', 0)} failed"
             result.append(ComponentStatus("demo", ",".join(stats.get("topics", {})) or "-", True, True, detail))
+        if self.cluster:
+            return result
         from kdq.spark.session import REQUIRED_JAR_PREFIXES
 
         jars = sorted((self.config.jars_dir / "spark").glob("*.jar"))
@@ -140,10 +214,43 @@ class LocalStack:
         result.append(
             ComponentStatus(
                 "spark",
-                self.config.spark.master,
+                self.config.spark_master(),
                 ready,
                 ready,
                 f"Delta tables in {self.config.tables_dir}" if ready else "connector jars missing: run `make setup`",
             )
         )
+        return result
+
+    def _cluster_status(self) -> list[ComponentStatus]:
+        """One line per Kafka node and Spark daemon, then the cluster as a whole (what jobs need)."""
+        result = []
+        try:
+            brokers = self.kafka.healthy()
+        except Exception:
+            brokers = False
+        for node in self.kafka.nodes:
+            running = node.process.running()
+            result.append(ComponentStatus(f"kafka-{node.node_id}", node.address, running, running and port_open(node.port)))
+        result.append(ComponentStatus(
+            "kafka", f"{len(self.kafka.nodes)} brokers", self.kafka.running(), brokers,
+            f"RF {self.kafka.replication_factor}, min.insync.replicas {self.kafka.min_insync_replicas}",
+        ))
+        spark = self.spark
+        assert spark is not None
+        try:
+            alive = spark.alive_workers()
+            state = spark.status().get("status", "?")
+        except Exception:
+            alive, state = 0, "not answering"
+        result.append(ComponentStatus(
+            "spark-master", spark.url, spark.master.running(), spark.master.running() and state == "ALIVE",
+            f"UI {spark.ui_url}; {alive} of {len(spark.workers)} workers alive",
+        ))
+        for worker, ui_port in zip(spark.workers, spark.worker_ui_ports, strict=True):
+            running = worker.running()
+            result.append(ComponentStatus(
+                worker.name, f"http://127.0.0.1:{ui_port}", running, running and port_open(ui_port),
+                f"log: {worker.log_file}" if not running else "",
+            ))
         return result
