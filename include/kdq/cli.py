@@ -197,7 +197,7 @@ def _sql(config: Config, args: argparse.Namespace) -> int:
         from kdq.spark.session import build_session
 
         why = "--local" if args.local else "the SQL endpoint is not running (`kdq up` or `make run` start it)"
-        print(f"kdq sql: {why}; starting a local Spark session", file=sys.stderr)
+        print(f"kdq sql: {why}; starting a Spark session of its own ({config.spark_master()})", file=sys.stderr)
         spark = build_session(config, app_name="kdq-sql")
     try:
         for statement in args.statement:
