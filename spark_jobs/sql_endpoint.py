@@ -32,8 +32,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(spark, config: Config, args: argparse.Namespace) -> EndpointReport:
     """Serve in an existing session until SIGTERM; returns its report."""
+    from kdq.spark.session import exit_when_jvm_dies
     from kdq.spark.sql_server import serve
 
+    # A container stop or `kill` reaches the spark-submit JVM: the driver must not stay behind without it.
+    exit_when_jvm_dies(spark)
     return serve(spark, config, args.host, args.connect_port, args.thrift_port)
 
 

@@ -7,6 +7,7 @@ with a message naming the key when it is wrong.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -180,6 +181,20 @@ def _catch_up(config: Config, args: argparse.Namespace) -> int:
 
 def _job(config: Config, args: argparse.Namespace) -> int:
     return _submit(config, args.name, list(args.job_args))
+
+
+def _sql_endpoint(config: Config, args: argparse.Namespace) -> int:
+    """The SQL endpoint in the foreground (a container's main process): the same spark-submit command as
+    the local stack's, bound to ``--host``; replaces this process, so signals reach the endpoint itself."""
+    from kdq.stack.sql_endpoint import LocalSqlEndpoint
+    from kdq.stream_process import child_env
+
+    endpoint = LocalSqlEndpoint(config, args.connect_port, args.thrift_port, bind_host=args.host)
+    command = endpoint.command()
+    print(f"kdq sql-endpoint: Spark Connect on {args.host}:{args.connect_port}, Thrift on {args.host}:{args.thrift_port}"
+          + (" (password required)" if os.environ.get("KDQ_SQL_PASSWORD") else ""), flush=True)
+    os.execvpe(command[0], command, {**os.environ, **child_env(config)})
+    return 0  # not reached
 
 
 def _sql(config: Config, args: argparse.Namespace) -> int:
@@ -390,6 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
     airflow = commands.add_parser("airflow", help="any Airflow CLI command against the local Airflow (make run)")
     airflow.add_argument("airflow_args", nargs=argparse.REMAINDER, help="e.g. dags list-runs kdq_hourly_recompute")
     airflow.set_defaults(func=_airflow)
+    endpoint = commands.add_parser(
+        "sql-endpoint",
+        help="run the SQL endpoint in the foreground (containers; `kdq up` starts it in the background locally)",
+    )
+    endpoint.add_argument("--host", default="127.0.0.1", help="address to listen on (a container: 0.0.0.0)")
+    endpoint.add_argument("--connect-port", type=int, default=15002, help="Spark Connect port (default 15002)")
+    endpoint.add_argument("--thrift-port", type=int, default=10000, help="Thrift (HiveServer2, JDBC) port (default 10000)")
+    endpoint.set_defaults(func=_sql_endpoint)
     sql = commands.add_parser("sql", help="run Spark SQL on the kdq tables (registered by name)")
     sql.add_argument("statement", nargs="+")
     sql.add_argument("--limit", type=int, default=50)

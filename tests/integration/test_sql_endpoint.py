@@ -7,17 +7,19 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from kdq.config import Config
 from kdq.stack.manager import LocalStack
-from kdq.stack.procs import port_open
+from kdq.stack.procs import port_open, quiet_port
 from kdq.stack.sql_endpoint import LocalSqlEndpoint, running_endpoint
 from tests.conftest import PROJECT_ROOT
 from tests.integration.helpers import W0, write_config_file
@@ -119,22 +121,61 @@ def test_counts_over_spark_connect_jdbc_and_kdq_sql(spark, endpoint: LocalSqlEnd
 
 
 @pytest.fixture
-def sql_password(monkeypatch) -> str:
-    """KDQ_SQL_PASSWORD in this process's environment, which the endpoint started next inherits."""
+def password_endpoint(spark, spark_config: Config, spark_data_dir) -> Iterator[tuple[LocalSqlEndpoint, str]]:
+    """The endpoint as a container runs it: `kdq sql-endpoint` in the foreground (the compose deployment's
+    command), with KDQ_SQL_PASSWORD in its environment; SIGTERM stops it, in ``finally``."""
+    config = write_config_file(spark_config, spark_data_dir / "kdq-sql-password.toml")
+    endpoint = LocalSqlEndpoint(config, quiet_port(), quiet_port())
     password = f"pw-{uuid.uuid4().hex}"
-    monkeypatch.setenv("KDQ_SQL_PASSWORD", password)
-    monkeypatch.delenv("KDQ_SQL_USER", raising=False)
-    return password
+    env = {**os.environ, **CHILD_ENV, "KDQ_CONFIG": config.source, "KDQ_SQL_PASSWORD": password}
+    env.pop("KDQ_SQL_USER", None)
+    command = [str(PROJECT_ROOT / ".venv" / "bin" / "kdq"), "sql-endpoint", "--host", "127.0.0.1",
+               "--connect-port", str(endpoint.connect_port), "--thrift-port", str(endpoint.thrift_port)]
+    log = open(spark_data_dir / "kdq-sql-endpoint-foreground.log", "wb")
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
+    try:
+        deadline = time.monotonic() + 300
+        while not (port_open(endpoint.connect_port) and port_open(endpoint.thrift_port)):
+            assert proc.poll() is None, (spark_data_dir / "kdq-sql-endpoint-foreground.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "kdq sql-endpoint did not open its ports within 300 s"
+            time.sleep(1)
+        yield endpoint, password
+    finally:
+        family = [proc.pid]
+        try:
+            family += [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.Error:
+            pass
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+        log.close()
+        # SIGTERM reaches the JVM only (as a container stop does); its Python driver must follow it.
+        processes = []
+        for pid in family:
+            try:
+                processes.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        alive = psutil.wait_procs(processes, timeout=30)[1]
+        for leftover in alive:
+            leftover.kill()
+        assert not alive, f"processes left after SIGTERM of kdq sql-endpoint: {[p.pid for p in alive]}"
 
 
-def test_thrift_server_requires_the_password_when_one_is_set(sql_password: str, endpoint: LocalSqlEndpoint) -> None:
+def test_thrift_server_requires_the_password_when_one_is_set(password_endpoint) -> None:
     """The compose deployment's setting: with KDQ_SQL_PASSWORD, JDBC clients must log in as KDQ_SQL_USER
-    (default kdq) with that password (io.kdq.spark.SqlPasswordAuthenticator)."""
+    (default kdq) with that password (io.kdq.spark.SqlPasswordAuthenticator); the endpoint runs the way
+    the compose service runs it (`kdq sql-endpoint` in the foreground) and stops on SIGTERM."""
+    endpoint, password = password_endpoint
     query = "SELECT count(*) AS n FROM kdq.window_counts"
-    rows = _beeline(endpoint.jdbc_url, query, password=sql_password)
+    rows = _beeline(endpoint.jdbc_url, query, password=password)
     assert len(rows) == 1 and int(rows[0]["n"]) >= 0
-    for user, password in (("kdq", "wrong"), ("kdq", None), ("someone", sql_password)):
-        refused = _run_beeline(endpoint.jdbc_url, query, user=user, password=password)
+    for user, wrong in (("kdq", "wrong"), ("kdq", None), ("someone", password)):
+        refused = _run_beeline(endpoint.jdbc_url, query, user=user, password=wrong)
         output = refused.stdout + refused.stderr
-        assert refused.returncode != 0 and "Error" in output, (user, password, output[-2000:])
+        assert refused.returncode != 0 and "Error" in output, (user, wrong, output[-2000:])
         assert "n\n" not in refused.stdout  # no result header: nothing was answered

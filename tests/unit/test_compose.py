@@ -36,6 +36,7 @@ REQUIRED_SERVICES = {
     "airflow-triggerer",
     "influxdb",
     "grafana",
+    "sql-endpoint",
 }
 AIRFLOW_SERVICES = (
     "airflow-init",
@@ -59,6 +60,7 @@ SECRETS = {
     "KDQ_INFLUXDB_TOKEN": "test-influx-token",
     "GRAFANA_ADMIN_PASSWORD": "test-grafana-admin",
     "GRAFANA_SECRET_KEY": "test-grafana-key",
+    "KDQ_SQL_PASSWORD": "test-sql-password",
 }
 # Optional variables (harmless defaults in the file).
 OPTIONAL_VARIABLES = (
@@ -411,7 +413,7 @@ def test_all_secrets_set_validates() -> None:
 def test_published_ports_bind_to_loopback_unless_told_otherwise(compose: dict[str, Any]) -> None:
     published = {name: _port_bindings(service) for name, service in compose["services"].items() if service.get("ports")}
     # Only what a person uses from the host: the UIs, InfluxDB, Kafka for producers on the host.
-    assert set(published) == {"airflow-apiserver", "grafana", "spark-master", "influxdb", "kafka"}, published
+    assert set(published) == {"airflow-apiserver", "grafana", "spark-master", "influxdb", "kafka", "sql-endpoint"}, published
     for name, bindings in published.items():
         for host_ip, _, _ in bindings:
             assert host_ip == "127.0.0.1", f"{name} publishes {bindings}: not bound to 127.0.0.1"
@@ -535,3 +537,15 @@ def test_spark_services_and_driver_authenticate(compose: dict[str, Any]) -> None
     assert conf["spark.authenticate"] == "true"
     assert conf["spark.authenticate.secret"] == secret
     assert conf["spark.network.crypto.enabled"] == "true"
+
+
+def test_sql_endpoint_publishes_only_jdbc_with_a_password(compose: dict[str, Any]) -> None:
+    """Issue 15: the always-on endpoint runs the local stack's command in the foreground, as its own local
+    driver; only the Thrift (JDBC) port leaves the compose network, and it requires KDQ_SQL_PASSWORD."""
+    service = compose["services"]["sql-endpoint"]
+    command = " ".join(service["command"])
+    assert "kdq sql-endpoint --host 0.0.0.0" in command and "--thrift-port 10000" in command
+    assert [(published, target) for _, published, target in _port_bindings(service)] == [(10000, 10000)], service["ports"]
+    env = service["environment"]
+    assert env["KDQ_SQL_PASSWORD"] == SECRETS["KDQ_SQL_PASSWORD"]
+    assert env["KDQ_SPARK__MASTER"].startswith("local")

@@ -18,9 +18,7 @@ from kdq.stack.procs import ManagedProcess, StackError, port_open, wait_until
 # machine may read the counts, as they may read the Delta files). Each JDBC/Connect client gets its own session of the one driver
 # (singleSession false): SET and temporary views stay per client, tables and views are shared.
 ENDPOINT_CONF = {
-    "spark.connect.grpc.binding.address": "127.0.0.1",
     # HiveServer2 reads its settings from the Hadoop conf the session builds (spark.hadoop.*).
-    "spark.hadoop.hive.server2.thrift.bind.host": "127.0.0.1",
     "spark.hadoop.hive.server2.transport.mode": "binary",
     "spark.sql.hive.thriftServer.singleSession": "false",
 }
@@ -50,8 +48,11 @@ def thrift_auth_conf(env: Mapping[str, str], driver_java_options: str = "") -> d
 
 
 class LocalSqlEndpoint:
-    def __init__(self, config: Config, connect_port: int, thrift_port: int) -> None:
+    def __init__(self, config: Config, connect_port: int, thrift_port: int, bind_host: str = "127.0.0.1") -> None:
+        """``bind_host``: the address both servers listen on; loopback except in a container
+        (``kdq sql-endpoint --host 0.0.0.0`` in the compose deployment, behind a published loopback port)."""
         self.config = config
+        self.bind_host = bind_host
         self.connect_port = connect_port
         self.thrift_port = thrift_port
         self.home = config.data_dir / "sql-endpoint"
@@ -81,11 +82,13 @@ class LocalSqlEndpoint:
         command = submit_command(
             self.config,
             "sql_endpoint",
-            ["--connect-port", str(self.connect_port), "--thrift-port", str(self.thrift_port)],
+            ["--host", self.bind_host, "--connect-port", str(self.connect_port), "--thrift-port", str(self.thrift_port)],
             app_name="kdq-sql-endpoint",
         )
         conf = {
             **ENDPOINT_CONF,
+            "spark.connect.grpc.binding.address": self.bind_host,
+            "spark.hadoop.hive.server2.thrift.bind.host": self.bind_host,
             **thrift_auth_conf(os.environ, self._driver_java_options()),
             "spark.connect.grpc.binding.port": str(self.connect_port),
             "spark.hadoop.hive.server2.thrift.port": str(self.thrift_port),
