@@ -36,7 +36,7 @@ test-integration: setup
 	@$(PY) -m pytest tests/integration -q
 
 ## test-cluster: the cluster shape of the stack (3 Kafka brokers at RF 3, Spark standalone master + 2 workers;
-## docs/cluster.md): the seed example submitted to the master, a broker killed mid-stream. ~10 min.
+## docs/cluster.md): the seed example submitted to the master, a broker killed mid-stream. ~11 min.
 ## `make test` includes it; leave it out with: .venv/bin/python -m pytest tests -m "not cluster"
 test-cluster: setup
 	@$(PY) -m pytest tests/integration/test_cluster.py -q -m cluster -s

@@ -3,7 +3,7 @@ Spark standalone master with two workers, started by ``LocalStack(cluster=True)`
 runs) in a folder of its own. The speed layer is submitted to the standalone master with spark-submit
 (--py-files, --jars) exactly as `kdq stream` does; every output is compared with ground truth computed here.
 
-Slow (about 10 minutes on 2 cores): marked ``cluster``; `make test-cluster` runs it, `-m "not cluster"`
+Slow (about 11 minutes on 2 cores): marked ``cluster``; `make test-cluster` runs it, `-m "not cluster"`
 leaves it out.
 """
 
