@@ -28,8 +28,35 @@ def test_command_binds_loopback_on_the_recorded_ports(tmp_path) -> None:
     assert any(endpoint.process.marker in part for part in command)
     # Delta's classes on the driver class path as well (the Thrift server's threads need them).
     assert "delta-spark" in command[command.index("--driver-class-path") + 1]
-    assert command[-5].endswith("sql_endpoint.py")
-    assert command[-4:] == ["--connect-port", str(endpoint.connect_port), "--thrift-port", str(endpoint.thrift_port)]
+    assert command[-7].endswith("sql_endpoint.py")
+    assert command[-6:] == [
+        "--host", "127.0.0.1", "--connect-port", str(endpoint.connect_port), "--thrift-port", str(endpoint.thrift_port)
+    ]
+    # No password in the environment: no authentication conf (the compose deployment sets KDQ_SQL_PASSWORD).
+    assert "spark.hadoop.hive.server2.authentication" not in confs
+
+
+def test_password_turns_on_the_thrift_servers_custom_authentication(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("KDQ_SQL_PASSWORD", "s3cret")
+    endpoint = LocalStack(make_config(tmp_path)).sql_endpoint
+    command = endpoint.command()
+    confs = {command[i + 1].split("=", 1)[0]: command[i + 1].split("=", 1)[1]
+             for i, part in enumerate(command) if part == "--conf"}
+    assert confs["spark.hadoop.hive.server2.authentication"] == "CUSTOM"
+    # Hive reads the provider class from a JVM system property, appended to the session's own Java options.
+    options = confs["spark.driver.extraJavaOptions"]
+    assert "-Dhive.server2.custom.authentication.class=io.kdq.spark.SqlPasswordAuthenticator" in options
+    assert "-XX:+UseParallelGC" in options
+    assert "s3cret" not in " ".join(command)  # the secret stays in the environment, off the command line
+
+
+def test_a_container_binds_every_interface(tmp_path) -> None:
+    from kdq.stack.sql_endpoint import LocalSqlEndpoint
+
+    command = LocalSqlEndpoint(make_config(tmp_path), 15002, 10000, bind_host="0.0.0.0").command()
+    assert "spark.connect.grpc.binding.address=0.0.0.0" in command
+    assert "spark.hadoop.hive.server2.thrift.bind.host=0.0.0.0" in command
+    assert command[-6:-4] == ["--host", "0.0.0.0"]
 
 
 def test_not_started_dead_and_unknown_endpoints(tmp_path) -> None:
