@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 
 from kdq.config import Config
-from kdq.intervals import HOUR_MS
+from kdq.windows import HOUR_MS
 
 log = logging.getLogger("kdq.bench")
 

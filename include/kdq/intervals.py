@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from kdq.windows import HOUR_MS  # noqa: F401 - re-exported: intervals are whole hours
+from kdq.windows import HOUR_MS
 
 
 def batch_app_id(interval_start_ms: int) -> str:

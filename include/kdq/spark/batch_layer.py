@@ -82,6 +82,7 @@ from kdq.spark.retention import counts_with_retired
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import (
     adjust_invalid_reasons,
+    append_once,
     idempotent_write,
     now_ms,
     retry_on_conflict,
@@ -303,25 +304,19 @@ def append_corrections(
         ],
         "topic STRING, window_start_ms BIGINT, status STRING, old_count BIGINT, new_count BIGINT, reason STRING",
     )
-    (
-        df.select(
-            "topic",
-            F.timestamp_millis("window_start_ms").alias("window_start"),
-            "status",
-            "old_count",
-            "new_count",
-            _ts(start_ms).alias("interval_start"),
-            _ts(end_ms).alias("interval_end"),
-            F.lit(run_id).alias("run_id"),
-            "reason",
-            F.current_timestamp().alias("corrected_at"),
-        )
-        .write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", version)
-        .save(table_path(config, CORRECTIONS))
+    rows = df.select(
+        "topic",
+        F.timestamp_millis("window_start_ms").alias("window_start"),
+        "status",
+        "old_count",
+        "new_count",
+        _ts(start_ms).alias("interval_start"),
+        _ts(end_ms).alias("interval_end"),
+        F.lit(run_id).alias("run_id"),
+        "reason",
+        F.current_timestamp().alias("corrected_at"),
     )
+    append_once(rows, table_path(config, CORRECTIONS), app_id, version)
 
 
 def _merge_absolute(spark: SparkSession, config: Config, changed: Sequence[dict], app_id: str, version: int) -> None:

@@ -42,7 +42,7 @@ from kdq.config import Config, StreamConfig
 from kdq.intervals import iso
 from kdq.spark import transforms
 from kdq.spark.tables import table_path
-from kdq.spark.writers import txn_version
+from kdq.spark.writers import append_once, txn_version
 from kdq.tables import RAW_ARCHIVE, RETIRED_COUNTS
 
 log = logging.getLogger("kdq.retention")
@@ -158,13 +158,7 @@ def retire_and_delete(spark: SparkSession, config: Config, cutoff: dt.date, befo
                 f"ran up to {iso(done)}; run the maintenance for today's date, not an earlier one"
             )
         if rows:
-            (
-                counts.write.format("delta")
-                .mode("append")
-                .option("txnAppId", RETENTION_APP_ID)
-                .option("txnVersion", int(before_ms))
-                .save(retired_path)
-            )
+            append_once(counts, retired_path, RETENTION_APP_ID, before_ms)
     finally:
         counts.unpersist()
     condition = (F.col("event_hour") < F.lit(f"{cutoff:%Y-%m-%d}-00")) & (

@@ -71,6 +71,19 @@ def retry_on_conflict(action: Callable[[], T], what: str = "Delta write", attemp
     raise AssertionError("unreachable")
 
 
+def append_once(df: DataFrame, path: str, app_id: str, version: int) -> None:
+    """Append ``df`` to the Delta table at ``path`` unless ``app_id`` already committed ``version`` (or a
+    later one) there: Delta's idempotent write, with the guard as write options (not the session-wide
+    settings), so it is safe on any thread."""
+    (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", int(version))
+        .save(path)
+    )
+
+
 def _require_columns(df: DataFrame, spec: TableSpec, required: Sequence[str]) -> None:
     missing = [c for c in required if c not in df.columns]
     if missing:
@@ -81,14 +94,7 @@ def append_archive(df: DataFrame, config: Config, app_id: str, version: int, bat
     """Append classified records to the raw archive exactly once per (app_id, version)."""
     _require_columns(df, RAW_ARCHIVE, ["topic", "partition", "offset", "valid", "reason", "counted", "event_hour"])
     out = df.withColumn("batch_id", F.lit(batch_id).cast("bigint")).withColumn("source", F.lit(source))
-    (
-        out.select(*RAW_ARCHIVE.column_names)
-        .write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", version)
-        .save(table_path(config, RAW_ARCHIVE))
-    )
+    append_once(out.select(*RAW_ARCHIVE.column_names), table_path(config, RAW_ARCHIVE), app_id, version)
 
 
 def merge_window_increments(
@@ -190,21 +196,15 @@ def append_reason_rows(
         [(r["topic"], int(r["window_start_ms"]), r["reason"], int(r["count"])) for r in rows],
         "topic STRING, window_start_ms BIGINT, reason STRING, count BIGINT",
     )
-    (
-        df.select(
-            "topic",
-            F.timestamp_millis("window_start_ms").alias("window_start"),
-            "reason",
-            "count",
-            F.lit(batch_id).cast("bigint").alias("batch_id"),
-            F.current_timestamp().alias("updated_at"),
-        )
-        .write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", int(version))
-        .save(table_path(config, INVALID_REASONS))
+    rows_out = df.select(
+        "topic",
+        F.timestamp_millis("window_start_ms").alias("window_start"),
+        "reason",
+        "count",
+        F.lit(batch_id).cast("bigint").alias("batch_id"),
+        F.current_timestamp().alias("updated_at"),
     )
+    append_once(rows_out, table_path(config, INVALID_REASONS), app_id, version)
 
 
 def adjust_invalid_reasons(

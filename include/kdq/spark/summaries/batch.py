@@ -28,7 +28,7 @@ from kdq.spark.summaries.outputs import publish
 from kdq.spark.summaries.store import check_limits, merge_absolute, read_states
 from kdq.spark.summaries.transforms import KEY, active_summaries, key_of, state_entry, summary_states, summary_values
 from kdq.spark.tables import table_path
-from kdq.spark.writers import retry_on_conflict
+from kdq.spark.writers import append_once, retry_on_conflict
 from kdq.summaries import SummaryState, same_state, statistics
 from kdq.tables import SUMMARIES, SUMMARY_CORRECTIONS, SUMMARY_LATE_WINDOWS
 
@@ -37,8 +37,7 @@ log = logging.getLogger("kdq.summaries")
 
 def _window_hours(config: Config, windows: Iterable[tuple[str, str, int]]) -> list[str]:
     """``event_hour`` partitions of every count window inside the given summary windows."""
-    from kdq.intervals import HOUR_MS
-    from kdq.windows import event_hour
+    from kdq.windows import HOUR_MS, event_hour
 
     hours = set()
     for summary, _, w in windows:
@@ -206,20 +205,14 @@ def _append_corrections(
         "summary STRING, topic STRING, window_start_ms BIGINT, group_key STRING, old_count BIGINT, new_count BIGINT, "
         "old_stats STRING, new_stats STRING",
     )
-    (
-        df.select(
-            "summary", "topic", F.timestamp_millis("window_start_ms").alias("window_start"), "group_key",
-            "old_count", "new_count", "old_stats", "new_stats",
-            F.timestamp_millis(F.lit(interval[0])).alias("interval_start"),
-            F.timestamp_millis(F.lit(interval[1])).alias("interval_end"),
-            F.lit(run_id).alias("run_id"), F.lit(reason).alias("reason"), F.current_timestamp().alias("corrected_at"),
-        )
-        .write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", version)
-        .save(table_path(config, SUMMARY_CORRECTIONS))
+    rows = df.select(
+        "summary", "topic", F.timestamp_millis("window_start_ms").alias("window_start"), "group_key",
+        "old_count", "new_count", "old_stats", "new_stats",
+        F.timestamp_millis(F.lit(interval[0])).alias("interval_start"),
+        F.timestamp_millis(F.lit(interval[1])).alias("interval_end"),
+        F.lit(run_id).alias("run_id"), F.lit(reason).alias("reason"), F.current_timestamp().alias("corrected_at"),
     )
+    append_once(rows, table_path(config, SUMMARY_CORRECTIONS), app_id, version)
 
 
 def apply_summary_corrections(

@@ -32,7 +32,7 @@ from kdq.spark.summaries.outputs import publish
 from kdq.spark.summaries.store import check_limits, merge_increments, read_states
 from kdq.spark.summaries.transforms import active_summaries, key_of, state_entry, summary_states, summary_values
 from kdq.spark.tables import table_path
-from kdq.spark.writers import txn_version
+from kdq.spark.writers import append_once, txn_version
 from kdq.summaries import SummaryState, merge
 from kdq.tables import SUMMARIES, SUMMARY_LATE_WINDOWS
 
@@ -49,7 +49,7 @@ def append_late_windows(
         [(r["summary"], r["topic"], int(r["window_start_ms"]), int(r["rows"])) for r in rows],
         "summary STRING, topic STRING, window_start_ms BIGINT, rows BIGINT",
     )
-    (
+    late_windows = (
         df.groupBy("summary", "topic", "window_start_ms")
         .agg(F.sum("rows").alias("rows"))
         .select(
@@ -60,12 +60,8 @@ def append_late_windows(
             F.timestamp_millis(F.lit(int(ingest_ms))).alias("ingest_time"),
             F.lit(int(batch_id)).cast("bigint").alias("batch_id"),
         )
-        .write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", batch_id)
-        .save(table_path(config, SUMMARY_LATE_WINDOWS))
     )
+    append_once(late_windows, table_path(config, SUMMARY_LATE_WINDOWS), app_id, batch_id)
 
 
 def stream_summaries(
