@@ -28,6 +28,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 log = logging.getLogger(__name__)
+# Where the page finds the SQL endpoint in a deployment (compose: sc://sql-endpoint:15002); unset locally.
+ENDPOINT_URL_ENV = "KDQ_SQL_ENDPOINT_URL"
 
 URL_PREFIX = "/kdq"
 PAGE_PATH = "/quality"
@@ -100,8 +102,10 @@ def _rows(config: Any, page: Any) -> tuple[dict[str, list[dict]] | None, str | N
     from kdq.quality_page import page_queries
     from kdq.stack.sql_endpoint import running_endpoint
 
-    endpoint = running_endpoint(config)
-    if endpoint is None:
+    # A deployment names its endpoint (compose: sc://sql-endpoint:15002); locally the stack state says where it runs.
+    configured = os.environ.get(ENDPOINT_URL_ENV, "").strip()
+    endpoint = None if configured else running_endpoint(config)
+    if not configured and endpoint is None:
         return (
             None,
             (
@@ -111,7 +115,11 @@ def _rows(config: Any, page: Any) -> tuple[dict[str, list[dict]] | None, str | N
             None,
             None,
         )
-    url = endpoint.connect_url
+    url = configured or endpoint.connect_url
+    if configured and not _listening(configured):
+        # Spark Connect's client retries a refused connection far beyond the page's deadline, holding the
+        # page's one query worker: a configured endpoint that does not listen is reported before asking.
+        return None, f"the SQL endpoint {url} does not accept connections", url, None
     started = time.monotonic()
     future = _executor.submit(_query, url, page_queries(config.spark.database, page))
     try:
@@ -125,6 +133,16 @@ def _rows(config: Any, page: Any) -> tuple[dict[str, list[dict]] | None, str | N
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         return None, f"the query through the SQL endpoint {url} failed: {first}", url, None
     return rows, None, url, time.monotonic() - started
+
+
+def _listening(url: str) -> bool:
+    """Whether something accepts TCP connections at a ``sc://host:port`` URL."""
+    from urllib.parse import urlparse
+
+    from kdq.stack.procs import port_open
+
+    parsed = urlparse(url)
+    return bool(parsed.hostname) and port_open(parsed.port or 15002, host=parsed.hostname, timeout=2.0)
 
 
 def _dag_runs(user: Any, run_ids: set[str]) -> list[Any]:

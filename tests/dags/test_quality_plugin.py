@@ -55,3 +55,47 @@ def test_quality_plugin_loads_from_the_plugins_folder(tmp_path: Path) -> None:
     [view] = [v for v in result["views"] if v["name"] == "Data quality"]
     assert view["href"] == "/kdq/quality" and view["icon"] == "/kdq/icon.svg"
     assert (view["url_route"], view["destination"], view["nav_top_level"]) == ("kdq-data-quality", "nav", True)
+
+
+def test_a_deployment_names_its_endpoint_and_the_page_uses_it(tmp_path: Path, monkeypatch) -> None:
+    """KDQ_SQL_ENDPOINT_URL (the compose deployment's sc://sql-endpoint:15002) wins over the local stack state,
+    which here records no endpoint at all: the page's statements go to that URL."""
+    from tests.conftest import make_config
+
+    if str(PROJECT_ROOT / "plugins") not in sys.path:
+        monkeypatch.syspath_prepend(str(PROJECT_ROOT / "plugins"))
+    from kdq.quality_page import PageRange
+    from kdq_airflow import quality_app
+
+    asked: list[str] = []
+
+    def query(url: str, queries: dict[str, str]) -> dict[str, list]:
+        asked.append(url)
+        return {name: [] for name in queries}
+
+    monkeypatch.setattr(quality_app, "_query", query)
+    monkeypatch.setattr(quality_app, "_listening", lambda url: url == "sc://sql-endpoint:15002")
+    config = make_config(tmp_path)
+    page = PageRange(now_ms=1_795_000_000_000)
+    monkeypatch.delenv(quality_app.ENDPOINT_URL_ENV, raising=False)
+    rows, error, _, _ = quality_app._rows(config, page)
+    assert rows is None and "not running" in error and asked == []  # locally: nothing recorded, nothing asked
+    monkeypatch.setenv(quality_app.ENDPOINT_URL_ENV, "sc://sql-endpoint:15002")
+    rows, error, source, _ = quality_app._rows(config, page)
+    assert error is None and source == "sc://sql-endpoint:15002" and asked == ["sc://sql-endpoint:15002"]
+    assert set(rows) == {"counts", "reasons", "corrections"}
+
+
+def test_a_configured_endpoint_that_does_not_listen_is_reported_at_once(tmp_path: Path, monkeypatch) -> None:
+    from kdq.stack.procs import quiet_port
+    from tests.conftest import make_config
+
+    if str(PROJECT_ROOT / "plugins") not in sys.path:
+        monkeypatch.syspath_prepend(str(PROJECT_ROOT / "plugins"))
+    from kdq.quality_page import PageRange
+    from kdq_airflow import quality_app
+
+    url = f"sc://127.0.0.1:{quiet_port()}"  # nothing listens there
+    monkeypatch.setenv(quality_app.ENDPOINT_URL_ENV, url)
+    rows, error, source, _ = quality_app._rows(make_config(tmp_path), PageRange(now_ms=1_795_000_000_000))
+    assert rows is None and source == url and error == f"the SQL endpoint {url} does not accept connections"

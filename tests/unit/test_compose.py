@@ -549,3 +549,5 @@ def test_sql_endpoint_publishes_only_jdbc_with_a_password(compose: dict[str, Any
     env = service["environment"]
     assert env["KDQ_SQL_PASSWORD"] == SECRETS["KDQ_SQL_PASSWORD"]
     assert env["KDQ_SPARK__MASTER"].startswith("local")
+    # The Airflow UI's data-quality page reaches it over the compose network (Spark Connect, not published).
+    assert compose["services"]["airflow-apiserver"]["environment"]["KDQ_SQL_ENDPOINT_URL"] == "sc://sql-endpoint:15002"
