@@ -186,13 +186,13 @@ def _job(config: Config, args: argparse.Namespace) -> int:
 def _sql_endpoint(config: Config, args: argparse.Namespace) -> int:
     """The SQL endpoint in the foreground (a container's main process): the same spark-submit command as
     the local stack's, bound to ``--host``; replaces this process, so signals reach the endpoint itself."""
-    from kdq.stack.sql_endpoint import LocalSqlEndpoint
+    from kdq.stack.sql_endpoint import PASSWORD_ENV, LocalSqlEndpoint
     from kdq.stream_process import child_env
 
     endpoint = LocalSqlEndpoint(config, args.connect_port, args.thrift_port, bind_host=args.host)
     command = endpoint.command()
     print(f"kdq sql-endpoint: Spark Connect on {args.host}:{args.connect_port}, Thrift on {args.host}:{args.thrift_port}"
-          + (" (password required)" if os.environ.get("KDQ_SQL_PASSWORD") else ""), flush=True)
+          + (" (password required)" if os.environ.get(PASSWORD_ENV) else ""), flush=True)
     os.execvpe(command[0], command, {**os.environ, **child_env(config)})
     return 0  # not reached
 

@@ -146,11 +146,8 @@ QUERIES = ("counts", "reasons", "corrections")
 # -- the model the page renders ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Bucket:
-    start_ms: int
-    valid: int
-    invalid: int
+class _Counted:
+    """Total and invalid ratio of anything with ``valid`` and ``invalid`` counts (a bucket, a whole chart)."""
 
     @property
     def total(self) -> int:
@@ -158,11 +155,19 @@ class Bucket:
 
     @property
     def ratio(self) -> float | None:
+        """None when nothing was counted: no data is not "all valid"."""
         return self.invalid / self.total if self.total else None
 
 
 @dataclass(frozen=True)
-class Series:
+class Bucket(_Counted):
+    start_ms: int
+    valid: int
+    invalid: int
+
+
+@dataclass(frozen=True)
+class Series(_Counted):
     """One chart: every bucket of a scale (zeros where nothing was counted) and their sums."""
 
     scale: str
@@ -175,14 +180,6 @@ class Series:
     @property
     def invalid(self) -> int:
         return sum(b.invalid for b in self.buckets)
-
-    @property
-    def total(self) -> int:
-        return self.valid + self.invalid
-
-    @property
-    def ratio(self) -> float | None:
-        return self.invalid / self.total if self.total else None
 
 
 @dataclass(frozen=True)

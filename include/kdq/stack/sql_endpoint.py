@@ -23,8 +23,9 @@ ENDPOINT_CONF = {
     "spark.sql.hive.thriftServer.singleSession": "false",
 }
 
+# Set in the endpoint's environment, it turns on the Thrift server's password (user: KDQ_SQL_USER, read by
+# the Java provider itself).
 PASSWORD_ENV = "KDQ_SQL_PASSWORD"
-USER_ENV = "KDQ_SQL_USER"
 
 
 AUTHENTICATOR = "io.kdq.spark.SqlPasswordAuthenticator"
