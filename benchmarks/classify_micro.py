@@ -20,7 +20,9 @@ PROJECT = Path(__file__).resolve().parents[1]
 
 # verdict: the JVM classifier alone; verdict_1000: the same records with 1,000 topic rules in the rule set
 # (each topic its own copy of the orders schema): rule lookup must not depend on the number of rules.
-VARIANTS = ("scan", "verdict", "verdict_1000", "classify", "cached", "aggregate")
+# summary_values / summary_states: the streaming summaries' per-record work over the classified rows
+# (the two summaries of make bench's "summaries" variant).
+VARIANTS = ("scan", "verdict", "verdict_1000", "classify", "cached", "aggregate", "summary_values", "summary_states")
 
 
 def main(argv=None) -> int:
@@ -35,12 +37,13 @@ def main(argv=None) -> int:
 
     from pyspark.sql import functions as F
 
-    from benchmarks.__main__ import make_config
+    from benchmarks.__main__ import bench_summaries, make_config
     from benchmarks.workload import Generator, choose_kind
     from kdq.rules import load_rules
     from kdq.spark import transforms
     from kdq.spark.classifier import classifier
     from kdq.spark.session import build_session
+    from kdq.spark.summaries import summary_states, summary_values
 
     work = Path(tempfile.mkdtemp(prefix="kdq-micro-"))
     rules_dir = work / "rules"
@@ -78,6 +81,16 @@ def main(argv=None) -> int:
 
     stream = config.stream
     ingest = base + args.rows * 10
+    summaries = config.with_summaries(bench_summaries("s")).summaries
+    cached: list = []
+
+    def classified_cache():
+        # What the stream hands the summaries: the batch's classified rows, persisted.
+        if not cached:
+            frame = transforms.mark_late(transforms.classify(df, rules, stream, ingest), {}, stream).persist()
+            frame.count()
+            cached.append(frame)
+        return cached[0]
 
     def variant(name: str):
         if name == "scan":
@@ -90,6 +103,9 @@ def main(argv=None) -> int:
             return transforms.mark_late(transforms.classify(df, rules, stream, ingest), {}, stream)
         if name == "aggregate":
             return transforms.batch_aggregates(transforms.mark_late(transforms.classify(df, rules, stream, ingest), {}, stream))
+        if name in ("summary_values", "summary_states"):
+            values = summary_values(classified_cache(), summaries, {})
+            return values if name == "summary_values" else summary_states(values)
         raise ValueError(name)
 
     if "fixed" in args.variants.split(","):
@@ -119,7 +135,7 @@ def main(argv=None) -> int:
         times = []
         for _ in range(args.repeat):
             t0 = time.monotonic()
-            if name == "aggregate":
+            if name in ("aggregate", "summary_states"):
                 frame.collect()
             elif name == "cached":
                 # What process_batch pays: classify once into the cache (1 KB values included), then read it.

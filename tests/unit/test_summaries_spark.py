@@ -21,7 +21,6 @@ from kdq.summaries import (
     bucket,
     merge,
     statistics,
-    step_decimal,
 )
 from kdq.tables import SUMMARIES
 from tests.conftest import make_config
@@ -44,17 +43,62 @@ PRECISIONS = ({"significant_digits": 1}, {"significant_digits": 3}, {"significan
               {"step": 0.5}, {"step": 0.1}, {"step": 0.001}, {"step": 10.0})
 
 
-def test_spark_buckets_equal_python(spark) -> None:
-    cases = []
-    for i, precision in enumerate(PRECISIONS):
-        s = SummaryConfig(name="s", topic="t", value="v", **precision)
-        mantissa, exponent = step_decimal(s.step) if s.step is not None else (None, None)
-        cases += [(i, x, s.significant_digits, mantissa, exponent, bucket(x, s))
-                  for x in _edge_values() if s.step is None or abs(x) / s.step < 1e12]
-    df = spark.createDataFrame(cases, "i INT, x DOUBLE, digits INT, step_m BIGINT, step_e INT, expected DOUBLE")
-    got = df.select("i", "x", "expected", ss.bucket_column().alias("b")).collect()
-    mismatches = [(PRECISIONS[r["i"]], r["x"], r["b"], r["expected"]) for r in got if r["b"] != r["expected"]]
-    assert len(got) == len(cases) and not mismatches, mismatches[:5]
+def test_jvm_buckets_equal_python(spark) -> None:
+    # Every precision at once: one summary per precision over the same field, one JVM call per record.
+    summaries = [SummaryConfig(name=f"s{i}", topic="t", value="v", **p) for i, p in enumerate(PRECISIONS)]
+    values = _edge_values()
+    docs = spark.createDataFrame([(i, json.dumps({"v": x}).encode()) for i, x in enumerate(values)], "i INT, value BINARY")
+    got = docs.select("i", ss.summary_fields(spark, summaries)(F.col("value")).alias("f")).collect()
+    mismatches = []
+    for row in got:
+        x = values[row["i"]]
+        for s, entry in zip(summaries, row["f"], strict=True):
+            in_range = s.step is None or abs(x) / s.step < 1e12
+            expected = (x, bucket(x, s), None) if in_range else (None, None, OUT_OF_RANGE)
+            if (entry["x"], entry["bucket"], entry["reject"]) != expected:
+                mismatches.append((s.name, x, tuple(entry), expected))
+    assert len(got) == len(values) and not mismatches, mismatches[:5]
+
+
+# JSON texts of a field, for the comparison with Spark's VARIANT functions (what the summaries used before
+# the JVM function, and what users read in SQL): every kind of number, strings with escapes, containers.
+FIELD_TEXTS = [
+    '"EUR"', '""', '"a\\u00e9\\"q\\\\ \\n\\t\\u0001"', '5', '-0', '0', '1.50', '-0.0', '0.000000001', '1e5', '1E-7',
+    '1.0e300', '12345678901234567890', '-12345678901234567890', '123456789012345678901234567890123456789012',
+    '1.2345678901234567890123456789012345678901', '100000000000000000000.0', '0.1', '3.14159', '1e22', '1e-5',
+    '123456789.123', '1e400', '-1e400', '9007199254740993', '1.5e1', '2.50E+2', 'true', 'false', 'null',
+    '{"b":1,"a":[1,2.50,"x",null,true],"c":{"z":1e5,"y":"w"}}', '[]', '{}', '[1,"x",null]',
+]
+
+
+def test_jvm_fields_equal_spark_variant_reading(spark) -> None:
+    """Group texts, numbers and reject reasons read by the JVM function equal Spark's VARIANT functions."""
+    s = SummaryConfig(name="g", topic="t", value="a.v", group_by=["a.v", "b", "a"])
+    rows = [(i, '{"a":{"v":' + text + '},"b":' + text + "}") for i, text in enumerate(FIELD_TEXTS)]
+    rows.append((len(rows), '{"b":1}'))  # a.v missing
+    rows.append((len(rows), '{"a":[1],"b":{"v":1}}'))  # a path through an array
+    rows.append((len(rows), '[1,2]'))  # not an object
+    df = spark.createDataFrame(rows, "i INT, text STRING")
+    p = F.try_parse_json("text")
+    kind = F.schema_of_variant(F.variant_get(p, "$.a.v", "variant"))
+    numeric = kind.isin("BIGINT", "DOUBLE") | kind.startswith("DECIMAL")
+    reference = df.select(
+        "i",
+        F.when(kind.isNull() | (kind == "VOID"), F.lit(MISSING)).when(~numeric, F.lit(NOT_NUMERIC)).alias("kind"),
+        F.when(numeric, F.try_variant_get(p, "$.a.v", "double")).alias("number"),
+        F.array(*[F.try_variant_get(p, path, "string") for path in ("$.a.v", "$.b", "$.a")]).alias("groups"),
+    )
+    jvm = df.select("i", ss.summary_fields(spark, [s])(F.col("text").cast("binary"))[0].alias("f"))
+    got = {r["i"]: r["f"] for r in jvm.collect()}
+    differences = []
+    for r in reference.collect():
+        f = got[r["i"]]
+        number = r["number"]
+        in_range = number is not None and abs(number) <= 1e150
+        expected_reject = r["kind"] or (None if in_range else OUT_OF_RANGE)
+        if (f["reject"], f["x"], list(f["groups"])) != (expected_reject, number if in_range else None, list(r["groups"])):
+            differences.append((rows[r["i"]][1], tuple(f), (expected_reject, number, list(r["groups"]))))
+    assert len(got) == len(rows) and not differences, differences
 
 
 @pytest.fixture

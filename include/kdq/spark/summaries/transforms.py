@@ -15,17 +15,18 @@ Lateness is judged per (summary, topic, window) against the topic's watermark
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config, SummaryConfig
-from kdq.rules import variant_path
-from kdq.summaries import MAX_ABS, MAX_STEPS, MISSING, NOT_NUMERIC, OUT_OF_RANGE, TINY, SummaryState, step_decimal
+from kdq.spark.classifier import MAX_NESTING_DEPTH
+from kdq.summaries import SummaryState, step_decimal
 
 KEY = ("summary", "topic", "window_start_ms", "group_key")
-_NUMERIC_TYPES = ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT")
 
 
 def key_of(row: Mapping) -> tuple:
@@ -52,23 +53,49 @@ def topic_condition(topic: Column, summary: SummaryConfig) -> Column:
     return topic == F.lit(summary.topic)
 
 
-def _summary_entry(summary: SummaryConfig, watermarks: Mapping[str, int] | None) -> Column:
-    """One struct per (record, summary) when the record's topic is the summary's, else null."""
+def summary_fields_config(summaries: Sequence[SummaryConfig]) -> str:
+    """The summaries as the JSON document ``io.kdq.spark.SummaryValues`` compiles (same summaries, same text)."""
+    entries = []
+    for s in summaries:
+        mantissa, exponent = step_decimal(s.step) if s.step is not None else (None, None)
+        entries.append(
+            {
+                "value": s.value.split("."),
+                "group_by": [path.split(".") for path in s.group_by],
+                "digits": s.significant_digits,
+                "step": s.step,
+                "step_mantissa": mantissa,
+                "step_exponent": exponent,
+            }
+        )
+    return json.dumps({"max_nesting_depth": MAX_NESTING_DEPTH, "summaries": entries}, separators=(",", ":"))
+
+
+def summary_fields(spark: SparkSession, summaries: Sequence[SummaryConfig]) -> Callable[[Column], Column]:
+    """``f(value)`` → one struct per summary (x, bucket, reject, groups): the JVM function, registered once per session.
+
+    One streaming pass over the value's bytes in the JVM (``io.kdq.spark.SummaryValues``, in the
+    classifier's module) instead of Spark's VARIANT parse and a SQL bucket expression per summary
+    (benchmarks/PERF_NOTES.md, "Issue 12, fifth pass").
+    """
+    config_json = summary_fields_config(summaries)
+    name = "kdq_summary_values_" + hashlib.sha256(config_json.encode("utf-8")).hexdigest()[:16]
+    if not spark.catalog.functionExists(name):
+        jvm = spark.sparkContext._jvm
+        jvm.io.kdq.spark.SummaryValues.check(config_json)
+        udf = jvm.io.kdq.spark.SummaryValues(config_json)
+        spark._jsparkSession.udf().register(name, udf, jvm.io.kdq.spark.SummaryValues.returnType())
+    return lambda value: F.call_function(name, value)
+
+
+def _summary_entry(summary: SummaryConfig, index: int, watermarks: Mapping[str, int] | None) -> Column:
+    """One struct per (record, summary) when the record's topic is the summary's, else null.
+
+    ``__f`` is the record's :func:`summary_fields` result; its entry ``index`` is this summary's.
+    """
     size_ms = summary.window_seconds * 1000
-    # Paths from the config reach Spark as values (Column API), never as SQL text.
-    value_path = variant_path(summary.value)
-    kind = F.schema_of_variant(F.variant_get(F.col("__p"), value_path, "variant"))
-    is_number = kind.isin(*_NUMERIC_TYPES) | kind.startswith("DECIMAL")
-    x = F.when(is_number, F.try_variant_get(F.col("__p"), value_path, "double"))
-    out_of_range = ~(F.abs(x) <= F.lit(MAX_ABS))  # also true for infinities and NaN
-    if summary.step is not None:
-        out_of_range = out_of_range | (F.abs(x) / F.lit(float(summary.step)) >= F.lit(float(MAX_STEPS)))
-    reject = (
-        F.when(kind.isNull() | (kind == "VOID"), F.lit(MISSING))
-        .when(~is_number, F.lit(NOT_NUMERIC))
-        .when(out_of_range, F.lit(OUT_OF_RANGE))
-    )
-    groups = [F.try_variant_get(F.col("__p"), variant_path(path), "string") for path in summary.group_by]
+    fields = F.col("__f")[index]
+    groups = [fields["groups"][i] for i in range(len(summary.group_by))]
     if summary.group_by:
         group_key = F.to_json(
             F.struct(*[g.alias(path) for path, g in zip(summary.group_by, groups, strict=True)]),
@@ -85,7 +112,6 @@ def _summary_entry(summary: SummaryConfig, watermarks: Mapping[str, int] | None)
         late = F.coalesce(window_ms + size_ms <= limit, F.lit(False))
     else:
         late = F.lit(False)
-    mantissa, exponent = step_decimal(summary.step) if summary.step is not None else (None, None)
     return F.when(
         topic_condition(F.col("topic"), summary),
         F.struct(
@@ -93,54 +119,11 @@ def _summary_entry(summary: SummaryConfig, watermarks: Mapping[str, int] | None)
             window_ms.cast("bigint").alias("window_start_ms"),
             group_key.alias("group_key"),
             group_map.alias("groups"),
-            F.when(reject.isNull(), x).alias("x"),
-            reject.alias("reject"),
+            fields["x"].alias("x"),
+            fields["bucket"].alias("bucket"),
+            fields["reject"].alias("reject"),
             late.alias("late"),
-            F.lit(summary.significant_digits).cast("int").alias("digits"),
-            F.lit(mantissa).cast("bigint").alias("step_m"),
-            F.lit(exponent).cast("int").alias("step_e"),
         ),
-    )
-
-
-def _dec(mantissa: str, exponent: str) -> str:
-    """SQL: the nearest double of the decimal ``<mantissa>e<exponent>`` (Java's parse is correctly rounded)."""
-    return f"CAST(concat(CAST({mantissa} AS STRING), 'e', CAST({exponent} AS STRING)) AS DOUBLE)"
-
-
-def bucket_column(x: str = "x", digits: str = "digits", step_m: str = "step_m", step_e: str = "step_e") -> Column:
-    """The bucket of column ``x`` (see :mod:`kdq.summaries`), as native Spark SQL.
-
-    The same algorithm as :func:`kdq.summaries.bucket`: an estimate from
-    ``log10`` and a division, corrected by comparing with candidates parsed
-    from decimal text, so the result does not depend on how the JVM rounds
-    ``log10`` or formats doubles. Higher-order functions bind the
-    intermediate values (``transform(array(v), name -> ...)[0]`` is a let).
-    """
-    a = f"abs({x})"
-    exponent = (
-        f"transform(array(CAST(floor(log10({a})) AS BIGINT)), e0 -> "
-        f"CASE WHEN {_dec('1', 'e0')} > {a} THEN e0 - 1 WHEN {_dec('1', 'e0 + 1')} <= {a} THEN e0 + 1 ELSE e0 END)[0]"
-    )
-    corrected = f"CASE WHEN {_dec('m0 + 1', 'k')} <= {a} THEN m0 + 1 WHEN {_dec('m0', 'k')} > {a} THEN m0 - 1 ELSE m0 END"
-    clamped = f"least(greatest({corrected}, CAST(pow(10, {digits} - 1) AS BIGINT)), CAST(pow(10, {digits}) AS BIGINT) - 1)"
-    sign = f"CASE WHEN {x} < 0 THEN -1.0D ELSE 1.0D END"
-    digits_bucket = (
-        f"transform(array({exponent} - {digits} + 1), k -> "
-        f"transform(array(CAST(floor(({a} * 1e50D) / {_dec('1', 'k + 50')}) AS BIGINT)), m0 -> "
-        f"{sign} * {_dec(clamped, 'k')})[0])[0]"
-    )
-    up = _dec(f"(k0 + 1) * {step_m}", step_e)
-    here = _dec(f"k0 * {step_m}", step_e)
-    k = f"(CASE WHEN {up} <= {x} THEN k0 + 1 WHEN {here} > {x} THEN k0 - 1 ELSE k0 END)"
-    step_bucket = (
-        f"transform(array(CAST(floor({x} / {_dec(step_m, step_e)}) AS BIGINT)), k0 -> {_dec(f'{k} * {step_m}', step_e)})[0]"
-    )
-    return F.expr(
-        f"CASE WHEN {x} IS NULL THEN NULL "
-        f"WHEN {step_m} IS NOT NULL THEN {step_bucket} "
-        f"WHEN {a} < {TINY!r}D THEN 0.0D "
-        f"ELSE {digits_bucket} END"
     )
 
 
@@ -165,12 +148,13 @@ def summary_values(
     for summary in summaries:
         cond = topic_condition(F.col("topic"), summary)
         on_topic = cond if on_topic is None else on_topic | cond
+    fields = summary_fields(rows.sparkSession, summaries)
     parsed = rows.where(F.col("valid") & on_topic).select(
         "topic",
         F.unix_millis("window_start").alias("__window_ms"),
-        F.try_parse_json(F.col("value").cast("string")).alias("__p"),
+        fields(F.col("value").cast("binary")).alias("__f"),
     )
-    entries = F.array(*[_summary_entry(s, watermarks) for s in summaries])
+    entries = F.array(*[_summary_entry(s, i, watermarks) for i, s in enumerate(summaries)])
     exploded = parsed.select("topic", F.explode(entries).alias("e")).where(F.col("e").isNotNull())
     return exploded.select(
         F.col("e.summary").alias("summary"),
@@ -179,7 +163,7 @@ def summary_values(
         F.col("e.group_key").alias("group_key"),
         F.col("e.groups").alias("groups"),
         F.col("e.x").alias("x"),
-        bucket_column("e.x", "e.digits", "e.step_m", "e.step_e").alias("bucket"),
+        F.col("e.bucket").alias("bucket"),
         F.col("e.reject").alias("reject"),
         F.col("e.late").alias("late"),
     )
