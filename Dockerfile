@@ -1,6 +1,28 @@
 # The Airflow image of the cluster deployment (docker-compose.yml): Airflow plus
 # everything a task needs to act as a Spark driver in client mode (a JRE,
-# pyspark's spark-submit) and the kdq package itself.
+# pyspark's spark-submit), the kdq package itself, and the Spark jars kdq ships
+# with every application (--jars): the Kafka connector and Delta, and kdq's own
+# functions jar (the classifier), as scripts/setup.sh makes them for the tested
+# cluster shape (docs/cluster.md). The same image runs the Spark master and
+# workers.
+
+# --- The jars, built with Maven from the repository's poms ----------------------
+# jvm/spark-connectors: the connector and Delta jars (only the listed artifacts:
+# their dependencies ship inside pyspark); jvm/kdq-spark-functions: one shaded
+# jar. Its tests (every reason, the JSON-Schema-Test-Suite) run in `make setup`
+# and CI; not compiled or run here.
+FROM maven:3.9-eclipse-temurin-17 AS jars
+WORKDIR /build
+COPY jvm/spark-connectors/pom.xml jvm/spark-connectors/pom.xml
+RUN mvn -q -B -f jvm/spark-connectors/pom.xml dependency:copy-dependencies \
+        -DexcludeTransitive=true -DoutputDirectory=/opt/kdq/jars/spark
+COPY jvm/kdq-spark-functions/pom.xml jvm/kdq-spark-functions/pom.xml
+COPY jvm/kdq-spark-functions/src jvm/kdq-spark-functions/src
+RUN mvn -q -B -f jvm/kdq-spark-functions/pom.xml -Dmaven.test.skip=true package \
+    && mkdir -p /opt/kdq/jars/kdq \
+    && cp jvm/kdq-spark-functions/target/kdq-spark-functions.jar /opt/kdq/jars/kdq/
+
+# --- Airflow, Spark (pyspark) and kdq ---------------------------------------------
 FROM apache/airflow:3.3.2-python3.11
 
 USER root
@@ -15,6 +37,12 @@ RUN apt-get update \
     && mkdir -p /opt/kdq/data \
     && chown airflow:0 /opt/kdq/data
 ENV JAVA_HOME=/usr/lib/jvm/java-17
+
+# paths.jars_dir's layout (spark/*.jar, kdq/kdq-spark-functions.jar): kdq finds
+# them there for a local master (the SQL endpoint), and the compose file's
+# spark.jars names them for the standalone master.
+COPY --from=jars /opt/kdq/jars /opt/kdq/jars
+ENV KDQ_PATHS__JARS_DIR=/opt/kdq/jars
 
 USER airflow
 # Dependencies first, in their own layer: code edits then do not reinstall them.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Start-up of the compose file's Kafka broker (apache/kafka image, KRaft).
+# Start-up of each of the compose file's three Kafka nodes (apache/kafka image,
+# KRaft, broker and controller of one quorum).
 #
 # KRaft keeps SCRAM credentials in the metadata log, so the first users must be
 # written when the log directory is formatted (kafka-storage format
@@ -7,8 +8,10 @@
 # start (no meta.properties yet) this script formats the directory itself,
 # with the broker's user and kdq's user, from the same KAFKA_* variables the
 # image turns into server.properties; the image's start-up, run next, then
-# finds the directory formatted and goes on. Later starts only write the admin
-# client settings and hand over.
+# finds the directory formatted and goes on. Every node formats its own
+# directory with the same cluster id and users (a static quorum:
+# controller.quorum.voters). Later starts only write the admin client settings
+# and hand over.
 #
 # Passwords must not contain ',', ']' or '"' (the --add-scram and JAAS
 # syntaxes): generate them with `openssl rand -hex 32`.

@@ -386,7 +386,12 @@ def ensure_topics(config: Config, spec: TrafficSpec, timeout: float = 30.0) -> d
     existing = admin.list_topics(timeout=timeout).topics
     wanted = [topic for topic, _ in spec.topics if topic not in existing]
     if wanted:
-        futures = admin.create_topics([NewTopic(t, spec.partitions, 1) for t in wanted], operation_timeout=timeout)
+        # The brokers' default replication factor (and min.insync.replicas): 1 on the single local broker, 3 (and 2)
+        # on the cluster shape and in the compose deployment. An explicit 1 there would leave the topic below its
+        # brokers' min.insync.replicas 2, and every acks=all write would be refused.
+        futures = admin.create_topics(
+            [NewTopic(t, spec.partitions, replication_factor=-1) for t in wanted], operation_timeout=timeout
+        )
         for future in futures.values():
             try:
                 future.result(timeout=timeout)

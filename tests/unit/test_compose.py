@@ -24,10 +24,12 @@ from kdq.config import Config, load_config
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = PROJECT_ROOT / "docker-compose.yml"
 
+KAFKA_NODES = ("kafka-1", "kafka-2", "kafka-3")
+SPARK_WORKERS = ("spark-worker-1", "spark-worker-2")
 REQUIRED_SERVICES = {
-    "kafka",
+    *KAFKA_NODES,
     "spark-master",
-    "spark-worker",
+    *SPARK_WORKERS,
     "postgres",
     "airflow-init",
     "airflow-apiserver",
@@ -55,6 +57,7 @@ SECRETS = {
     "KDQ_POSTGRES_PASSWORD": "test-postgres",
     "KDQ_KAFKA_PASSWORD": "test-kafka-kdq",
     "KDQ_KAFKA_ADMIN_PASSWORD": "test-kafka-admin",
+    "KDQ_KAFKA_CONTROLLER_PASSWORD": "test-kafka-controller",
     "KDQ_SPARK_AUTH_SECRET": "test-spark-secret",
     "KDQ_INFLUXDB_PASSWORD": "test-influx-password",
     "KDQ_INFLUXDB_TOKEN": "test-influx-token",
@@ -181,10 +184,10 @@ def test_required_services_exist(compose: dict[str, Any]) -> None:
 def test_named_volumes_exist_and_are_used(compose: dict[str, Any]) -> None:
     declared = set(compose.get("volumes") or {})
     expected = {
-        "kafka": "/var/lib/kafka/data",
+        **dict.fromkeys(KAFKA_NODES, "/var/lib/kafka/data"),
         "postgres": "/var/lib/postgresql/data",
         "influxdb": "/var/lib/influxdb2",
-        "spark-worker": DATA_DIR,
+        **dict.fromkeys(SPARK_WORKERS, DATA_DIR),
         "airflow-scheduler": DATA_DIR,
     }
     for name, target in expected.items():
@@ -192,53 +195,216 @@ def test_named_volumes_exist_and_are_used(compose: dict[str, Any]) -> None:
         assert source, f"{name}: nothing mounted at {target}"
         assert source in declared, f"{name}: {target} is mounted from {source!r}, not a declared named volume"
     assert "kdq-data" in declared
+    # Each Kafka node its own log directory.
+    logs = {_volume_targets(compose["services"][name])["/var/lib/kafka/data"] for name in KAFKA_NODES}
+    assert len(logs) == len(KAFKA_NODES), logs
 
 
-def test_kafka_is_single_node_kraft(compose: dict[str, Any]) -> None:
+def test_kafka_is_a_three_node_kraft_quorum(compose: dict[str, Any]) -> None:
+    """The tested cluster shape (docs/cluster.md): three nodes, each broker and controller of one quorum."""
     services = compose["services"]
     assert not [name for name in services if "zookeeper" in name], "KRaft needs no ZooKeeper service"
-    kafka = services["kafka"]
-    assert kafka["image"] == "apache/kafka:4.1.1"
-    env = _env(kafka)
-    assert not any("ZOOKEEPER" in key for key in env), env
-    roles = set(env.get("KAFKA_PROCESS_ROLES", "").split(","))
-    assert {"broker", "controller"} <= roles, f"KAFKA_PROCESS_ROLES={env.get('KAFKA_PROCESS_ROLES')!r}"
-    node_id = env["KAFKA_NODE_ID"]
-    # Combined mode: the controller is this process, reached on the container's loopback only.
-    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{node_id}@127.0.0.1:9093"
-    assert "INTERNAL://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
-    # kafka.max_message_bytes: values up to 8 MiB are counted (as too_large when over
-    # stream.max_value_bytes), not rejected by the broker.
-    assert int(env["KAFKA_MESSAGE_MAX_BYTES"]) == 8388608
-    assert (
-        int(env["KAFKA_MESSAGE_MAX_BYTES"])
-        >= load_config(path=PROJECT_ROOT / "kdq.toml", env={}).kafka.max_message_bytes
-    )
-    health = " ".join(kafka["healthcheck"]["test"])
-    # The health check authenticates like any client (start.sh writes its settings).
-    assert "9092" in health and "--command-config /tmp/kdq-admin.properties" in health
+    assert not [name for name in services if name.startswith("kafka") and name not in KAFKA_NODES], "only the three nodes"
+    voters = f"1@{KAFKA_NODES[0]}:9093,2@{KAFKA_NODES[1]}:9093,3@{KAFKA_NODES[2]}:9093"
+    cluster_ids, external_ports = set(), set()
+    for number, name in enumerate(KAFKA_NODES, start=1):
+        kafka = services[name]
+        assert kafka["image"] == "apache/kafka:4.1.1"
+        env = _env(kafka)
+        assert not any("ZOOKEEPER" in key for key in env), env
+        roles = set(env.get("KAFKA_PROCESS_ROLES", "").split(","))
+        assert {"broker", "controller"} <= roles, f"KAFKA_PROCESS_ROLES={env.get('KAFKA_PROCESS_ROLES')!r}"
+        assert env["KAFKA_NODE_ID"] == str(number)
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == voters
+        cluster_ids.add(env["CLUSTER_ID"])
+        assert f"INTERNAL://{name}:9092" in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+        # Host clients reach each node on its own published port, the one it advertises.
+        external = next(a for a in env["KAFKA_ADVERTISED_LISTENERS"].split(",") if a.startswith("EXTERNAL://"))
+        port = int(external.rsplit(":", 1)[1])
+        assert f"EXTERNAL://:{port}" in env["KAFKA_LISTENERS"].split(",")
+        assert _published_ports(kafka) == {port: port}
+        external_ports.add(port)
+        # kafka.max_message_bytes: values up to 8 MiB are counted (as too_large when over
+        # stream.max_value_bytes), not rejected by the broker.
+        assert int(env["KAFKA_MESSAGE_MAX_BYTES"]) == 8388608
+        assert (
+            int(env["KAFKA_MESSAGE_MAX_BYTES"])
+            >= load_config(path=PROJECT_ROOT / "kdq.toml", env={}).kafka.max_message_bytes
+        )
+        health = " ".join(kafka["healthcheck"]["test"])
+        # The health check authenticates like any client (start.sh writes its settings).
+        assert "9092" in health and "--command-config /tmp/kdq-admin.properties" in health
+    assert len(cluster_ids) == 1, "one cluster"
+    assert external_ports == {9094, 9095, 9096}
 
 
-def test_spark_standalone_master_and_worker(compose: dict[str, Any]) -> None:
-    master, worker = compose["services"]["spark-master"], compose["services"]["spark-worker"]
+def _broker_properties(env: dict[str, str]) -> dict[str, str]:
+    """The apache/kafka image's (and deploy/kafka/start.sh's) rule: KAFKA_X_Y -> x.y, ___ -> -, __ -> _."""
+    excluded = {"KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_VERSION", "KAFKA_LOG4J_OPTS", "KAFKA_JMX_OPTS"}
+    props = {}
+    for name, value in env.items():
+        if not name.startswith("KAFKA_") or name in excluded:
+            continue
+        key = name[len("KAFKA_"):].lower().replace("_", ".").replace("...", "-").replace("..", "_")
+        props[key] = value
+    return props
+
+
+def test_kafka_topic_settings_are_the_tested_shapes(compose: dict[str, Any]) -> None:
+    """The broker settings `kdq up --cluster` writes (kdq.stack.kafka.LocalKafka with three nodes): RF 3 and
+    min.insync.replicas 2 for every topic and the internal ones; the same message size, timestamp and
+    leadership settings; the same heap. Retention is the one documented difference (docs/cluster.md)."""
+    import kdq.stack.kafka as local_kafka
+    from tests.conftest import make_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        config = make_config(Path(folder))
+        stack = local_kafka.LocalKafka(config, 1, 2, [(3, 4), (5, 6)])
+        stack._write_config(stack.nodes[0])
+        tested = dict(
+            line.split("=", 1) for line in stack.nodes[0].properties.read_text().splitlines() if "=" in line
+        )
+    assert tested["default.replication.factor"] == "3" and tested["min.insync.replicas"] == "2"
+    # Deliberately different (docs/cluster.md, "Compose deployment vs the tested shape"): listeners and
+    # addresses, where logs go, time retention (the local stack replays old event times).
+    different = {
+        "process.roles", "node.id", "controller.quorum.voters", "listeners", "advertised.listeners",
+        "controller.listener.names", "inter.broker.listener.name", "listener.security.protocol.map", "log.dirs",
+        "log.retention.ms", "auto.create.topics.enable",
+    }
+    for name in KAFKA_NODES:
+        props = _broker_properties(_env(compose["services"][name]))
+        for key, value in tested.items():
+            if key in different:
+                continue
+            assert props.get(key) == value, f"{name}: {key} = {props.get(key)!r}, the tested shape has {value!r}"
+        assert "log.retention.ms" not in props, "compose keeps Kafka's time retention (documented difference)"
+        # auto.create.topics.enable: Kafka's default (true) in both.
+        assert props.get("auto.create.topics.enable", "true") == tested["auto.create.topics.enable"]
+        heap = _env(compose["services"][name])["KAFKA_HEAP_OPTS"]
+        assert "-Xmx512m" in heap.split()
+
+
+def test_spark_standalone_master_and_workers(compose: dict[str, Any]) -> None:
+    master = compose["services"]["spark-master"]
+    workers = [compose["services"][name] for name in SPARK_WORKERS]
+    assert not [n for n in compose["services"] if n.startswith("spark-worker") and n not in SPARK_WORKERS]
     airflow_image = compose["services"]["airflow-scheduler"]["image"]
-    for service in (master, worker):
+    for service in (master, *workers):
         # Same image as the driver (Airflow): one Spark (pyspark 4.2.0) and one Python version.
         assert service["image"] == airflow_image, service["image"]
-    # Through bash: the Airflow image's entrypoint would run `airflow spark-class ...` otherwise.
-    for service in (master, worker):
+        # Through bash: the Airflow image's entrypoint would run `airflow spark-class ...` otherwise.
         assert service["command"][0] == "bash", service["command"]
     assert "spark-class org.apache.spark.deploy.master.Master" in _command(master)
     # The UI only: drivers reach the master's RPC port on the compose network.
     assert _published_ports(master) == {8080: 8080}
-    assert "spark-class org.apache.spark.deploy.worker.Worker" in _command(worker)
-    assert "spark://spark-master:7077" in _command(worker)
-    assert not _published_ports(worker)
-    assert _depends_on(worker).get("spark-master") == "service_healthy"
-    # Driver (in Airflow) and executors (on the worker) write the same tables:
-    # same volume and same uid, or one side cannot write what the other created.
-    assert _volume_targets(worker)[DATA_DIR] == _volume_targets(compose["services"]["airflow-scheduler"])[DATA_DIR]
-    assert worker["user"] == compose["services"]["airflow-scheduler"]["user"]
+    for worker in workers:
+        assert "spark-class org.apache.spark.deploy.worker.Worker" in _command(worker)
+        assert "spark://spark-master:7077" in _command(worker)
+        assert not _published_ports(worker)
+        assert _depends_on(worker).get("spark-master") == "service_healthy"
+        # Driver (in Airflow) and executors (on the workers) write the same tables:
+        # same volume and same uid, or one side cannot write what the other created.
+        assert _volume_targets(worker)[DATA_DIR] == _volume_targets(compose["services"]["airflow-scheduler"])[DATA_DIR]
+        assert worker["user"] == compose["services"]["airflow-scheduler"]["user"]
+
+
+def test_spark_resources_are_the_tested_shapes(compose: dict[str, Any]) -> None:
+    """`kdq up --cluster` (kdq.stack.spark_cluster, kdq.spark.session): two workers of 1 core / 2 GB,
+    384 MB daemons, worker clean-up, no REST server; 1-core 1 GB executors."""
+    from kdq.spark.session import spark_conf
+    from kdq.stack import spark_cluster
+    from tests.conftest import make_config
+
+    for name in SPARK_WORKERS:
+        env = _env(compose["services"][name])
+        assert env["SPARK_WORKER_CORES"] == str(spark_cluster.WORKER_CORES)
+        assert env["SPARK_WORKER_MEMORY"] == spark_cluster.WORKER_MEMORY
+        assert env["SPARK_DAEMON_MEMORY"] == spark_cluster.DAEMON_MEMORY
+        opts = env["SPARK_WORKER_OPTS"].split()
+        assert {"-Dspark.worker.cleanup.enabled=true", "-Dspark.worker.cleanup.appDataTtl=3600"} <= set(opts), opts
+    master = _env(compose["services"]["spark-master"])
+    assert master["SPARK_DAEMON_MEMORY"] == spark_cluster.DAEMON_MEMORY
+    assert "-Dspark.master.rest.enabled=false" in master["SPARK_MASTER_OPTS"].split()
+    with tempfile.TemporaryDirectory() as folder:
+        tested = spark_conf(make_config(Path(folder), spark={"master": "spark://127.0.0.1:7077"}), "x")
+    deployed = spark_conf(_kdq_config(compose), "x")
+    for key in ("spark.executor.cores", "spark.executor.memory"):
+        assert deployed[key] == tested[key], key
+
+
+def test_jobs_ship_the_images_jars_and_the_package(compose: dict[str, Any]) -> None:
+    """As on the tested shape, every application takes the Kafka connector, Delta and kdq's functions jar with
+    --jars (the executors fetch them from the driver) and the kdq package with --py-files."""
+    from kdq.spark.session import KDQ_FUNCTIONS_JAR, REQUIRED_JAR_PREFIXES
+    from kdq.spark.submit import submit_command
+
+    config = _kdq_config(compose)
+    env = _env(compose["services"]["airflow-scheduler"])
+    jars_dir = env["KDQ_PATHS__JARS_DIR"]
+    assert config.jars_dir == Path(jars_dir)
+    shipped = config.spark.conf["spark.jars"].split(",")
+    # paths.jars_dir's layout: every connector jar is in spark/ (a glob spark-submit resolves), the functions jar in kdq/.
+    assert f"{jars_dir}/spark/*" in shipped
+    assert f"{jars_dir}/{KDQ_FUNCTIONS_JAR.as_posix()}" in shipped
+    assert REQUIRED_JAR_PREFIXES, "the connector jars kdq needs"
+    with tempfile.TemporaryDirectory() as folder:
+        local = load_config(path=PROJECT_ROOT / "kdq.toml", env={**{k: v for k, v in env.items() if k.startswith("KDQ_")
+                                                                       and k not in ("KDQ_CONFIG", "KDQ_PATHS__DATA_DIR")}},
+                            overrides={"paths": {"data_dir": folder}})
+        command = submit_command(local, "stream_counts", [])
+    assert command[command.index("--master") + 1] == "spark://spark-master:7077"
+    assert command[command.index("--jars") + 1] == config.spark.conf["spark.jars"]
+    package = command[command.index("--py-files") + 1]
+    assert package.endswith("kdq.zip")
+
+
+def test_the_image_builds_kdqs_jars() -> None:
+    """The Dockerfile builds the jars scripts/setup.sh builds, from the same poms, into the image's
+    paths.jars_dir (KDQ_PATHS__JARS_DIR), so the driver in any kdq container has them."""
+    text = (PROJECT_ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.MULTILINE)
+    assert len(stages) == 2 and stages[0][1] == "jars" and "maven" in stages[0][0], stages
+    assert "eclipse-temurin-17" in stages[0][0], "the jars are built for Java 17, as setup.sh's"
+    builder = text.split("\nFROM ", 2)[1]
+    assert re.search(r"mvn .*-f jvm/spark-connectors/pom\.xml dependency:copy-dependencies", builder)
+    assert "-DexcludeTransitive=true" in builder, "only the listed artifacts, as setup.sh"
+    assert "-DoutputDirectory=/opt/kdq/jars/spark" in builder
+    assert re.search(r"mvn .*-f jvm/kdq-spark-functions/pom\.xml .*package", builder)
+    assert "target/kdq-spark-functions.jar /opt/kdq/jars/kdq/" in builder
+    assert re.search(r"^COPY --from=jars /opt/kdq/jars /opt/kdq/jars$", text, re.MULTILINE)
+    assert re.search(r"^ENV KDQ_PATHS__JARS_DIR=/opt/kdq/jars$", text, re.MULTILINE)
+    setup = (PROJECT_ROOT / "scripts" / "setup.sh").read_text()
+    assert "fetch_jars spark jvm/spark-connectors -DexcludeTransitive=true" in setup
+    assert "kdq/kdq-spark-functions.jar" in setup
+    # The build context keeps the jvm sources (and leaves local build output out).
+    ignored = (PROJECT_ROOT / ".dockerignore").read_text().split()
+    assert "jvm" not in ignored and "jvm/*/target" in ignored
+
+
+def test_the_stream_does_not_take_every_core(compose: dict[str, Any]) -> None:
+    """A standalone application takes every free core, and the stream holds its executors for good: its
+    application is capped (spark.cores.max) so the batch jobs get the other worker."""
+    from kdq.spark.submit import submit_command
+
+    config = _kdq_config(compose)
+    cores = sum(int(_env(compose["services"][name])["SPARK_WORKER_CORES"]) for name in SPARK_WORKERS)
+    with tempfile.TemporaryDirectory() as folder:
+        local = load_config(path=PROJECT_ROOT / "kdq.toml", env={
+            k: v for k, v in _env(compose["services"]["airflow-scheduler"]).items()
+            if k.startswith("KDQ_") and k not in ("KDQ_CONFIG", "KDQ_PATHS__DATA_DIR")
+        }, overrides={"paths": {"data_dir": folder}})
+        stream = submit_command(local, "stream_counts", [])
+        batch = submit_command(local, "batch_recompute", [])
+    confs = [stream[i + 1] for i, part in enumerate(stream) if part == "--conf"]
+    cap = int(next(c.split("=", 1)[1] for c in confs if c.startswith("spark.cores.max=")))
+    executor_cores = int(config.spark.conf["spark.executor.cores"])
+    assert executor_cores <= cap < cores, (cap, cores)
+    assert not [c for c in confs if c.startswith("spark.kdq.")], "kdq's own keys stay out of Spark's conf"
+    batch_confs = [batch[i + 1] for i, part in enumerate(batch) if part == "--conf"]
+    assert not [c for c in batch_confs if c.startswith("spark.cores.max=")], "batch jobs take what is free"
+    # The SQL endpoint stays a local driver of its own: it never holds the cluster's cores.
+    assert _env(compose["services"]["sql-endpoint"])["KDQ_SPARK__MASTER"].startswith("local")
 
 
 def test_airflow_services_share_image_and_metadata_db(compose: dict[str, Any]) -> None:
@@ -252,6 +418,7 @@ def test_airflow_services_share_image_and_metadata_db(compose: dict[str, Any]) -
         assert env.get("AIRFLOW__CORE__EXECUTOR") == "LocalExecutor", name
         assert env.get("AIRFLOW__CORE__LOAD_EXAMPLES") == "false", name
         urls.add(env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"))
+        # Airflow's spark_default connection names the master (client mode: the driver in this container).
         assert env.get("AIRFLOW_CONN_SPARK_DEFAULT") == "spark://spark-master:7077?deploy-mode=client", name
         if name != "airflow-init":
             assert _depends_on(service).get("airflow-init") == "service_completed_successfully", name
@@ -270,7 +437,7 @@ def test_airflow_services_share_image_and_metadata_db(compose: dict[str, Any]) -
     assert _published_ports(services["airflow-apiserver"]) == {8080: 8081}
     # LocalExecutor runs the Spark drivers in the scheduler: the pipeline's services must be up.
     deps = _depends_on(services["airflow-scheduler"])
-    assert {deps.get(s) for s in ("kafka", "spark-master", "influxdb")} == {"service_healthy"}, deps
+    assert {deps.get(s) for s in (*KAFKA_NODES, "spark-master", "influxdb")} == {"service_healthy"}, deps
 
 
 def test_airflow_mounts_project(compose: dict[str, Any]) -> None:
@@ -287,7 +454,7 @@ def test_kdq_settings_point_at_the_services(compose: dict[str, Any]) -> None:
     kdq_envs = [{k: v for k, v in env.items() if k.startswith("KDQ_")} for env in envs]
     assert all(e == kdq_envs[0] for e in kdq_envs), "Airflow services disagree on KDQ_* settings"
     env = kdq_envs[0]
-    assert env["KDQ_KAFKA__BOOTSTRAP_SERVERS"] == "kafka:9092"
+    assert env["KDQ_KAFKA__BOOTSTRAP_SERVERS"] == ",".join(f"{node}:9092" for node in KAFKA_NODES)
     assert env["KDQ_SPARK__MASTER"] == "spark://spark-master:7077"
     assert env["KDQ_INFLUXDB__VERSION"] == "2"
     assert env["KDQ_INFLUXDB__URL"] == "http://influxdb:8086"
@@ -297,15 +464,17 @@ def test_kdq_settings_point_at_the_services(compose: dict[str, Any]) -> None:
     )
 
     # Every host:port a setting names is a service of this file listening on that port.
-    kafka_env = _env(services["kafka"])
     master_cmd = _command(services["spark-master"]).split()
     listening = {
-        "kafka": {int(listener.rsplit(":", 1)[1]) for listener in kafka_env["KAFKA_LISTENERS"].split(",")},
+        **{
+            node: {int(listener.rsplit(":", 1)[1]) for listener in _env(services[node])["KAFKA_LISTENERS"].split(",")}
+            for node in KAFKA_NODES
+        },
         "spark-master": {int(master_cmd[master_cmd.index("--port") + 1])},
         "influxdb": set(_published_ports(services["influxdb"])),
     }
     addresses = [
-        env["KDQ_KAFKA__BOOTSTRAP_SERVERS"].split(":"),
+        *(address.split(":") for address in env["KDQ_KAFKA__BOOTSTRAP_SERVERS"].split(",")),
         re.match(r"spark://([^:]+):(\d+)$", env["KDQ_SPARK__MASTER"]).groups(),
         re.match(r"https?://([^:]+):(\d+)$", env["KDQ_INFLUXDB__URL"]).groups(),
     ]
@@ -328,7 +497,7 @@ def test_compose_kdq_settings_are_a_valid_kdq_config(compose: dict[str, Any]) ->
     env = {k: v for k, v in _env(compose["services"]["airflow-scheduler"]).items() if k.startswith("KDQ_")}
     env.pop("KDQ_CONFIG")  # the container path of the same kdq.toml loaded here
     config = load_config(path=PROJECT_ROOT / "kdq.toml", env=env)
-    assert config.kafka_bootstrap() == "kafka:9092"
+    assert config.kafka_bootstrap() == "kafka-1:9092,kafka-2:9092,kafka-3:9092"
     assert config.spark.master == "spark://spark-master:7077"
     assert config.influxdb.version == 2
     assert config.influx_url() == "http://influxdb:8086"
@@ -413,7 +582,7 @@ def test_all_secrets_set_validates() -> None:
 def test_published_ports_bind_to_loopback_unless_told_otherwise(compose: dict[str, Any]) -> None:
     published = {name: _port_bindings(service) for name, service in compose["services"].items() if service.get("ports")}
     # Only what a person uses from the host: the UIs, InfluxDB, Kafka for producers on the host.
-    assert set(published) == {"airflow-apiserver", "grafana", "spark-master", "influxdb", "kafka", "sql-endpoint"}, published
+    assert set(published) == {"airflow-apiserver", "grafana", "spark-master", "influxdb", *KAFKA_NODES, "sql-endpoint"}, published
     for name, bindings in published.items():
         for host_ip, _, _ in bindings:
             assert host_ip == "127.0.0.1", f"{name} publishes {bindings}: not bound to 127.0.0.1"
@@ -436,8 +605,8 @@ def test_dockerignore_keeps_env_files_out_of_the_image() -> None:
     assert not [p for p in patterns if p.startswith("!") and p not in ("!.env.example",)], patterns
 
 
-def _kafka_env(compose: dict[str, Any]) -> dict[str, str]:
-    return _env(compose["services"]["kafka"])
+def _kafka_env(compose: dict[str, Any], node: str = KAFKA_NODES[0]) -> dict[str, str]:
+    return _env(compose["services"][node])
 
 
 def _kdq_config(compose: dict[str, Any]) -> Config:
@@ -446,19 +615,26 @@ def _kdq_config(compose: dict[str, Any]) -> Config:
     return load_config(path=PROJECT_ROOT / "kdq.toml", env=env)
 
 
-def test_kafka_client_listeners_require_sasl(compose: dict[str, Any]) -> None:
-    env = _kafka_env(compose)
+@pytest.mark.parametrize("node", KAFKA_NODES)
+def test_kafka_listeners_require_sasl(compose: dict[str, Any], node: str) -> None:
+    env = _kafka_env(compose, node)
     protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
     listeners = dict(re.match(r"(\w+)://(.*)$", item).groups() for item in env["KAFKA_LISTENERS"].split(","))
     controller = env["KAFKA_CONTROLLER_LISTENER_NAMES"]
     mechanisms = env["KAFKA_SASL_ENABLED_MECHANISMS"].split(",")
     assert mechanisms == ["SCRAM-SHA-512"], mechanisms
-    for name, address in listeners.items():
-        if name == controller:
-            # PLAINTEXT, but bound to the container's loopback: only the broker itself reaches it.
-            assert address.startswith("127.0.0.1:"), f"controller listener {address} is reachable from the network"
-            continue
+    for name in listeners:
         assert protocols[name] == "SASL_PLAINTEXT", f"listener {name} is {protocols[name]}"
+        if name == controller:
+            # The quorum's nodes reach each other's controller listener over the compose network: SASL/PLAIN
+            # (KRaft cannot use SCRAM there), a user of its own, the same password on every node.
+            assert env["KAFKA_SASL_MECHANISM_CONTROLLER_PROTOCOL"] == "PLAIN"
+            assert env[f"KAFKA_LISTENER_NAME_{name}_SASL_ENABLED_MECHANISMS"] == "PLAIN"
+            jaas = env[f"KAFKA_LISTENER_NAME_{name}_PLAIN_SASL_JAAS_CONFIG"]
+            password = SECRETS["KDQ_KAFKA_CONTROLLER_PASSWORD"]
+            assert jaas.startswith("org.apache.kafka.common.security.plain.PlainLoginModule required")
+            assert f'username="controller" password="{password}" user_controller="{password}";' in jaas, jaas
+            continue
         # Every SASL listener has its JAAS login module (the broker refuses to start without one).
         jaas = env.get(f"KAFKA_LISTENER_NAME_{name}_SCRAM___SHA___512_SASL_JAAS_CONFIG", "")
         assert "ScramLoginModule required" in jaas, f"listener {name} has no SCRAM JAAS config"
@@ -471,7 +647,7 @@ def test_kafka_client_listeners_require_sasl(compose: dict[str, Any]) -> None:
     assert f'username="{env["KDQ_KAFKA_ADMIN_USERNAME"]}"' in jaas
     assert f'password="{SECRETS["KDQ_KAFKA_ADMIN_PASSWORD"]}"' in jaas
     # start.sh: users created at format time, before the image's own start-up.
-    kafka = compose["services"]["kafka"]
+    kafka = compose["services"][node]
     script = PROJECT_ROOT / "deploy/kafka/start.sh"
     assert Path(_volume_targets(kafka)["/opt/kdq/kafka"]).resolve() == script.parent
     assert kafka["command"] == ["bash", "/opt/kdq/kafka/start.sh"]
@@ -524,7 +700,7 @@ def test_spark_services_and_driver_authenticate(compose: dict[str, Any]) -> None
 
     services = compose["services"]
     secret = SECRETS["KDQ_SPARK_AUTH_SECRET"]
-    for name, opts_var in (("spark-master", "SPARK_MASTER_OPTS"), ("spark-worker", "SPARK_WORKER_OPTS")):
+    for name, opts_var in (("spark-master", "SPARK_MASTER_OPTS"), *((w, "SPARK_WORKER_OPTS") for w in SPARK_WORKERS)):
         env = _env(services[name])
         opts = env[opts_var].split()
         assert "-Dspark.authenticate=true" in opts, (name, opts)
@@ -551,3 +727,16 @@ def test_sql_endpoint_publishes_only_jdbc_with_a_password(compose: dict[str, Any
     assert env["KDQ_SPARK__MASTER"].startswith("local")
     # The Airflow UI's data-quality page reaches it over the compose network (Spark Connect, not published).
     assert compose["services"]["airflow-apiserver"]["environment"]["KDQ_SQL_ENDPOINT_URL"] == "sc://sql-endpoint:15002"
+
+
+def test_cores_max_keys_apply_to_their_own_application(tmp_path: Path) -> None:
+    """spark.kdq.stream.cores.max / spark.kdq.sqlEndpoint.cores.max become spark.cores.max of the stream's / the
+    SQL endpoint's application only, winning over a spark.cores.max for every application."""
+    from kdq.spark.submit import CORES_MAX_KEYS, application_conf
+
+    conf = {"spark.cores.max": "8", "spark.kdq.stream.cores.max": "2", "spark.kdq.sqlEndpoint.cores.max": " 1 "}
+    assert set(CORES_MAX_KEYS) == {"stream_counts", "sql_endpoint"}
+    assert application_conf(conf, "stream_counts") == {"spark.cores.max": "2"}
+    assert application_conf(conf, "sql_endpoint") == {"spark.cores.max": "1"}
+    assert application_conf(conf, "batch_recompute") == {"spark.cores.max": "8"}
+    assert application_conf({"spark.kdq.stream.cores.max": ""}, "stream_counts") == {}
