@@ -48,6 +48,15 @@ bench: setup
 bench-quick: setup
 	@$(PY) -m benchmarks --quick
 
+## bench-cluster: the speed layer of `make bench` (same workload) on the cluster shape (`kdq up --cluster`: 3 Kafka
+## brokers at RF 3, the stream submitted to a Spark standalone master with two 1-core workers) beside local[2], one
+## shape after the other; not part of `make bench`. Results in benchmarks/results/cluster.{json,md}; a quiet machine only.
+## Smaller: make bench-cluster BENCH_CLUSTER="--quick" (python -m benchmarks.cluster --help)
+.PHONY: bench-cluster
+BENCH_CLUSTER ?=
+bench-cluster: setup
+	@$(PY) -m benchmarks.cluster $(BENCH_CLUSTER)
+
 ## bench-sweep: one stream setting changed per run (~40 min); results in benchmarks/results/sweep.{json,md}
 bench-sweep: setup
 	@$(PY) -m benchmarks.sweep

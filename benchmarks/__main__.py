@@ -211,26 +211,35 @@ def machine_info() -> dict:
 
 
 class Cpu:
-    """CPU seconds of the stream, the broker, this harness's whole tree, and the machine, between marks."""
+    """CPU seconds of the stream, the broker(s), this harness's whole tree, and the machine, between marks.
 
-    def __init__(self, stream: ProcessSampler, broker_pid: int | None, own: ProcessSampler) -> None:
-        self.stream, self.broker_pid, self.own = stream, broker_pid, own
+    ``executors``: samplers of the standalone workers' trees (their executor JVMs and Python workers) when the
+    stream runs on the cluster shape (benchmarks.cluster); ``stream`` is then the driver alone."""
+
+    def __init__(self, stream: ProcessSampler, broker_pid: int | list[int] | None, own: ProcessSampler,
+                 executors: list[ProcessSampler] = ()) -> None:
+        self.stream, self.own, self.executors = stream, own, list(executors)
+        self.broker_pids = broker_pid if isinstance(broker_pid, list) else [broker_pid] if broker_pid else []
         self.marks: dict[str, tuple] = {}
 
     def _broker(self) -> float:
         import psutil
 
-        try:
-            t = psutil.Process(self.broker_pid).cpu_times()
-            return t.user + t.system
-        except Exception:
-            return 0.0
+        total = 0.0
+        for pid in self.broker_pids:
+            try:
+                t = psutil.Process(pid).cpu_times()
+                total += t.user + t.system
+            except Exception:
+                continue
+        return total
 
     def mark(self, name: str) -> None:
-        self.marks[name] = (time.monotonic(), self.stream.cpu_seconds(), self._broker(), self.own.cpu_seconds(), machine_busy_seconds())
+        self.marks[name] = (time.monotonic(), self.stream.cpu_seconds(), self._broker(), self.own.cpu_seconds(),
+                            machine_busy_seconds(), sum(e.cpu_seconds() for e in self.executors))
 
     def between(self, a: str, b: str) -> dict:
-        (t0, s0, b0, o0, m0), (t1, s1, b1, o1, m1) = self.marks[a], self.marks[b]
+        (t0, s0, b0, o0, m0, e0), (t1, s1, b1, o1, m1, e1) = self.marks[a], self.marks[b]
         wall = max(t1 - t0, 1e-9)
         return {
             "seconds": round(wall, 1),
@@ -239,6 +248,7 @@ class Cpu:
             "machine_cores": round((m1 - m0) / wall, 2),
             # Everything not started by this harness: other jobs sharing the machine.
             "other_cores": round(max(0.0, (m1 - m0) - (o1 - o0)) / wall, 2),
+            **({"executor_cores": round((e1 - e0) / wall, 2)} if self.executors else {}),
         }
 
 
@@ -291,6 +301,10 @@ def speed_phase(
     if args.event_log:
         (work / "eventlog").mkdir(exist_ok=True)
         overrides_spark["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(work / "eventlog")})
+    spark_cluster = getattr(stack, "spark", None)
+    if spark_cluster is not None:
+        # The cluster shape (benchmarks.cluster): the stream is submitted to its standalone master.
+        overrides_spark["master"] = spark_cluster.url
     kafka = {"bootstrap_servers": bootstrap, "topic_include": f"bench-{label}-.*"}
     if args.max_offsets_per_trigger:
         kafka["max_offsets_per_trigger"] = args.max_offsets_per_trigger
@@ -316,10 +330,12 @@ def speed_phase(
         "kafka_client": config.kafka.client,
     }
     stream = StreamRun(config, args.trigger_seconds)
-    broker = stack.kafka.process.process()
+    brokers = [p.pid for p in (node.process.process() for node in stack.kafka.nodes) if p]
+    workers = [p.pid for p in (w.process() for w in spark_cluster.workers) if p] if spark_cluster else []
+    executors = [ProcessSampler(pid).start() for pid in workers]
     try:
         stream.start()
-        cpu = Cpu(stream.sampler, broker.pid if broker else None, own)
+        cpu = Cpu(stream.sampler, brokers, own, executors)
         cpu.mark("start")
         progress = stream.wait_consumed(topics, w.messages, timeout=max(900, w.messages / 1000))
         cpu.mark("caught_up")
@@ -380,6 +396,10 @@ def speed_phase(
                 break  # a backlog would distort every later phase
     finally:
         stream.stop()
+        for sampler in executors:
+            sampler.stop()
+    if executors:
+        result["executors_peak_rss"] = sum(e.stats.peak_rss for e in executors)
     result["peak_rss"] = max([result.get("catch_up_peak_rss", 0)] + [lp["peak_rss"] for lp in result.get("latency_phases", [])])
     result["_config"] = config
     result["_topics"] = topics

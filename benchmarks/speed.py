@@ -39,7 +39,7 @@ def write_config(config: Config, path: Path) -> Config:
     for name in ("paths", "kafka", "spark", "stream", "influxdb"):
         lines.append(f"[{name}]")
         for key, value in getattr(config, name).model_dump().items():
-            if name == "paths":
+            if name == "paths" and isinstance(value, Path):  # folders; not paths.storage_uri (a URI or empty)
                 value = str(config.path(value))
             lines.append(f"{key} = {_toml_value(value)}")
     for summary in config.summaries:
