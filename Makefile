@@ -6,10 +6,15 @@ PY := $(VENV)/bin/python
 KDQ := $(VENV)/bin/kdq
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run stop status test test-unit test-integration test-cluster lint package bench bench-quick bench-sweep chaos
+.PHONY: setup setup-s3 run stop status test test-unit test-integration test-cluster lint package bench bench-quick bench-sweep chaos
 
 setup:
 	@bash scripts/setup.sh
+
+## setup-s3: the set-up plus the S3A connector (hadoop-aws, AWS SDK modules) for tables and checkpoints on
+## s3a:// (paths.storage_uri; docs/cluster.md), into .cache/jars/hadoop-aws
+setup-s3:
+	@KDQ_SETUP_S3=1 bash scripts/setup.sh
 
 ## run: the whole product locally: Kafka, InfluxDB, Airflow standalone (UI), the speed layer started by
 ## its supervisor DAG, demo traffic. Stays in the foreground; Ctrl-C (or `make stop`) stops everything.
@@ -36,10 +41,11 @@ test-integration: setup
 	@$(PY) -m pytest tests/integration -q
 
 ## test-cluster: the cluster shape of the stack (3 Kafka brokers at RF 3, Spark standalone master + 2 workers;
-## docs/cluster.md): the seed example submitted to the master, a broker killed mid-stream. ~11 min.
+## docs/cluster.md): the seed example submitted to the master, a broker killed mid-stream; tables and
+## checkpoints on s3a:// (an S3 server on loopback, test_cluster_s3.py). Every test marked `cluster`.
 ## On demand, not part of `make test` (CI's time budget); its results are in docs/cluster.md.
-test-cluster: setup
-	@$(PY) -m pytest tests/integration/test_cluster.py -q -m cluster -s
+test-cluster: setup-s3
+	@$(PY) -m pytest tests/integration -q -m cluster -s
 
 ## bench: the benchmark (own local stack on free ports; ~9 min at the default size); results in benchmarks/results/
 bench: setup

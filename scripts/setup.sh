@@ -79,6 +79,14 @@ fetch_jars kafka jvm/kafka-broker -DincludeScope=runtime
 # Only the listed artifacts: their dependencies ship inside pyspark (see the pom).
 fetch_jars spark jvm/spark-connectors -DexcludeTransitive=true
 
+# S3A (tables and checkpoints on s3a://, docs/cluster.md), only on demand: KDQ_SETUP_S3=1 (`make setup-s3`,
+# `make test-cluster`). hadoop-aws at pyspark's Hadoop version and the AWS SDK v2 modules it uses (13 MB),
+# not the SDK bundle (every service, ~600 MB); minus what pyspark/jars already holds (see the pom).
+if [ "${KDQ_SETUP_S3:-0}" = 1 ]; then
+  fetch_jars hadoop-aws jvm/hadoop-aws -DincludeScope=runtime \
+    -DexcludeGroupIds=io.netty,org.slf4j,commons-logging,commons-codec,org.apache.httpcomponents,com.fasterxml.jackson.core
+fi
+
 # --- kdq's own Spark functions (jvm/kdq-spark-functions): one shaded jar ---------------
 # The JSON Schema classifier UDF (io.kdq.spark.Classifier). `package` runs the module's
 # JUnit tests (reasons, event time, the JSON-Schema-Test-Suite), so `make test` runs them too.

@@ -29,9 +29,10 @@ import fcntl
 import os
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
+from kdq import storage
+from kdq.storage import Location
 from kdq.stream_state import BATCH_FAILURE as FAILURE
 from kdq.stream_state import CURRENT_BATCH, HEARTBEAT, state_dir
 from kdq.stream_state import QUARANTINED_OFFSETS as QUARANTINE
@@ -46,9 +47,11 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def checkpoint_of(config: Any) -> Path:
-    """The speed layer's checkpoint (the same folder as ``kdq.spark.speed_layer.checkpoint_dir``)."""
-    return config.checkpoints_dir / "speed_layer"
+def checkpoint_of(config: Any) -> str:
+    """The speed layer's checkpoint (the same location as ``kdq.spark.speed_layer.checkpoint_dir``)."""
+    from kdq.checkpoint_offsets import speed_layer_checkpoint
+
+    return speed_layer_checkpoint(config)
 
 
 @contextlib.contextmanager
@@ -135,24 +138,24 @@ def hung_batch(config: Any, max_seconds: float, now_ms: int | None = None, not_b
 # -- failures --------------------------------------------------------------------------------------------
 
 
-def pending_batch(checkpoint: Path) -> int | None:
-    """The batch Spark planned but did not commit (its offsets are logged, its commit is not), if any."""
+def pending_batch(checkpoint: Location) -> int | None:
+    """The batch Spark planned but did not commit (its offsets are logged, its commit is not), if any. None
+    too when the checkpoint is on remote storage and this process has no Spark session to read it."""
+    from kdq.checkpoint_offsets import batch_ids
 
-    def ids(folder: Path) -> set[int]:
-        try:
-            return {int(p.name) for p in folder.iterdir() if p.name.isdigit()}
-        except FileNotFoundError:
-            return set()
-
-    planned = ids(checkpoint / "offsets")
-    if not planned:
+    try:
+        planned = batch_ids(storage.join(checkpoint, "offsets"))
+        if not planned:
+            return None
+        last = planned[-1]
+        return None if last in batch_ids(storage.join(checkpoint, "commits")) else last
+    except storage.RemoteStorageUnavailable:
         return None
-    last = max(planned)
-    return None if last in ids(checkpoint / "commits") else last
 
 
-def offset_ranges(checkpoint: Path, batch_id: int) -> list[dict]:
-    """Batch ``batch_id``'s offset ranges from Spark's offset log, ``to`` inclusive; [] if unreadable."""
+def offset_ranges(checkpoint: Location, batch_id: int) -> list[dict]:
+    """Batch ``batch_id``'s offset ranges from Spark's offset log, ``to`` inclusive; [] if unreadable (also a
+    remote checkpoint in a process without a Spark session)."""
     from kdq.checkpoint_offsets import batch_offset_ranges
 
     try:
@@ -196,7 +199,7 @@ def record_failure(
     batch_id: int,
     error: str,
     kind: str = "error",
-    checkpoint: Path | None = None,
+    checkpoint: Location | None = None,
 ) -> dict:
     """Record one more failed attempt of ``batch_id`` (attempts restart at 1 for another batch, or when the
     quarantine list changed since the last attempt: the operator acted)."""
@@ -216,11 +219,19 @@ def record_failure(
             "ranges": ranges,
             # The batch's ledger entry existed: some outputs may have landed, and a replay keeps the
             # quarantine decision recorded with it, so a range added now does not apply to this batch.
-            "ledger_written": (checkpoint / "kdq_ledger" / str(batch_id)).exists(),
+            "ledger_written": _exists(storage.join(checkpoint, "kdq_ledger", batch_id)),
             "quarantine_size": quarantine_size,
         }
         _write(state_dir(config) / FAILURE, failure)
     return failure
+
+
+def _exists(location: Location) -> bool | None:
+    """Whether a file exists; None when it is on remote storage this process cannot read."""
+    try:
+        return storage.files_for(location).exists(location)
+    except storage.RemoteStorageUnavailable:
+        return None
 
 
 def clear_failure(config: Any) -> dict | None:

@@ -1,5 +1,8 @@
 """The speed layer's Kafka offsets, read from its Spark checkpoint (pure Python: no Spark, no Kafka).
 
+The checkpoint is a location string (a local path or a URI: :mod:`kdq.storage`), read through
+:func:`kdq.storage.files_for`.
+
 Spark writes ``offsets/<N>`` (the end offsets of micro-batch N) before the
 batch runs and ``commits/<N>`` after it succeeded; ``sources/0/0`` holds the
 query's initial offsets. Batch N reads [offsets of N-1 (or the initial ones),
@@ -12,9 +15,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
+from kdq import storage
 from kdq.config import Config
+from kdq.storage import Location
 
 EARLIEST = -2  # a partition the previous batch did not know: the stream starts it at its earliest offset
 
@@ -27,30 +31,31 @@ class OffsetRange:
     end: int  # exclusive
 
 
-def speed_layer_checkpoint(config: Config) -> Path:
-    return config.checkpoints_dir / "speed_layer"
+def speed_layer_checkpoint(config: Config) -> str:
+    return storage.checkpoint_location(config, "speed_layer")
 
 
-def source_offsets(path: Path) -> dict[str, dict[str, int]]:
+def source_offsets(path: Location) -> dict[str, dict[str, int]]:
     """The Kafka source's offsets in one file of the offset log (or sources/0/0): {topic: {partition: offset}}."""
-    lines = path.read_bytes().decode("utf-8").lstrip("\x00").splitlines()
+    lines = storage.files_for(path).read_bytes(path).decode("utf-8").lstrip("\x00").splitlines()
     for line in reversed(lines):
         if line.startswith("{") and "batchWatermarkMs" not in line:
             return {topic: {p: int(o) for p, o in parts.items()} for topic, parts in json.loads(line).items()}
     raise ValueError(f"{path}: no Kafka offsets in it")
 
 
-def _batch_ids(folder: Path) -> list[int]:
-    return sorted(int(p.name) for p in folder.glob("[0-9]*") if p.name.isdigit()) if folder.is_dir() else []
+def batch_ids(folder: Location) -> list[int]:
+    """The numbered entries of a checkpoint log folder (offsets, commits), sorted; [] when it does not exist."""
+    return sorted(int(name) for name in storage.files_for(folder).names(folder) if name.isdigit())
 
 
-def batch_offset_ranges(checkpoint: Path, batch_id: int) -> list[OffsetRange]:
+def batch_offset_ranges(checkpoint: Location, batch_id: int) -> list[OffsetRange]:
     """The offset ranges micro-batch ``batch_id`` reads (partitions with nothing to read left out)."""
-    end = source_offsets(checkpoint / "offsets" / str(batch_id))
+    end = source_offsets(storage.join(checkpoint, "offsets", batch_id))
     if batch_id > 0:
-        start = source_offsets(checkpoint / "offsets" / str(batch_id - 1))
+        start = source_offsets(storage.join(checkpoint, "offsets", batch_id - 1))
     else:
-        start = source_offsets(checkpoint / "sources" / "0" / "0")
+        start = source_offsets(storage.join(checkpoint, "sources", 0, 0))
     ranges = []
     for topic, parts in sorted(end.items()):
         for partition, stop in sorted(parts.items(), key=lambda kv: int(kv[0])):
@@ -60,10 +65,10 @@ def batch_offset_ranges(checkpoint: Path, batch_id: int) -> list[OffsetRange]:
     return ranges
 
 
-def passed_offsets(checkpoint: Path) -> dict[tuple[str, int], int]:
+def passed_offsets(checkpoint: Location) -> dict[tuple[str, int], int]:
     """(topic, partition) → the end offset of the stream's last committed micro-batch ({} before the first)."""
-    committed = _batch_ids(checkpoint / "commits")
+    committed = batch_ids(storage.join(checkpoint, "commits"))
     if not committed:
         return {}
-    ends = source_offsets(checkpoint / "offsets" / str(committed[-1]))
+    ends = source_offsets(storage.join(checkpoint, "offsets", committed[-1]))
     return {(topic, int(p)): offset for topic, parts in ends.items() for p, offset in parts.items()}

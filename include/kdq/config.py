@@ -52,6 +52,22 @@ class PathsConfig(_Section):
     data_dir: Path = Path(".local")
     rules_dir: Path = Path("config/rules")
     jars_dir: Path = Path(".cache/jars")
+    storage_uri: str = Field(
+        default="",
+        description="where Delta tables and Spark checkpoints live (s3a://bucket/prefix, hdfs://..., abfss://..., "
+        "gs://...); empty: under data_dir. Local process state stays in data_dir either way",
+    )
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _local_folder(cls, value: Any) -> Any:
+        # Path("s3a://bucket/x") is the local folder s3a:/bucket/x: a URI here would quietly become one.
+        if isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", value):
+            raise ValueError(
+                "data_dir is a local folder (the stack's state, logs, pid files); put the Delta tables and "
+                f"checkpoints on {value.split('://')[0]}:// with paths.storage_uri = {value!r} instead"
+            )
+        return value
 
     @field_validator("data_dir")
     @classmethod
@@ -61,6 +77,28 @@ class PathsConfig(_Section):
         if "`" in str(value):
             raise ValueError(f"a backtick cannot appear in the data directory (Delta table paths), got {str(value)!r}")
         return value
+
+    @field_validator("storage_uri")
+    @classmethod
+    def _storage_uri(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            return value
+        match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+)://(.*)$", value)
+        if not match:
+            raise ValueError(
+                "expected a Hadoop FileSystem URI such as s3a://bucket/prefix, hdfs://namenode/path, "
+                "abfss://container@account.dfs.core.windows.net/path or gs://bucket/prefix (leave it empty for "
+                "tables and checkpoints under data_dir)"
+            )
+        scheme, rest = match.group(1).lower(), match.group(2)
+        if scheme in ("s3", "s3n"):
+            raise ValueError(f"{scheme}:// has no FileSystem in Apache Hadoop: use s3a:// (hadoop-aws), got {value!r}")
+        if scheme != "file" and not rest.split("/", 1)[0]:
+            raise ValueError(f"the URI names no bucket, container or host, got {value!r}")
+        if "`" in value:
+            raise ValueError(f"a backtick cannot appear in table locations (Delta table paths), got {value!r}")
+        return value.rstrip("/")
 
 
 class KafkaConfig(_Section):
@@ -370,11 +408,22 @@ class Config(_Section):
 
     @property
     def tables_dir(self) -> Path:
-        return self.data_dir / "delta"
+        """The local folder of the Delta tables; with ``paths.storage_uri`` set there is none: use
+        :func:`kdq.storage.tables_location` (a string, a URI or a local path) wherever storage may be remote."""
+        return self._local_storage("delta")
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.data_dir / "checkpoints"
+        """The local folder of the Spark checkpoints (see :attr:`tables_dir`; :func:`kdq.storage.checkpoints_location`)."""
+        return self._local_storage("checkpoints")
+
+    def _local_storage(self, folder: str) -> Path:
+        if self.paths.storage_uri:
+            raise ConfigError(
+                f"tables and checkpoints are at paths.storage_uri = {self.paths.storage_uri!r}, not in a local "
+                "folder (kdq.storage builds their locations)"
+            )
+        return self.data_dir / folder
 
     @property
     def state_file(self) -> Path:

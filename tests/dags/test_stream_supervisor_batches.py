@@ -36,7 +36,7 @@ def write_offset_log(checkpoint: Path, batch_id: int, offsets: dict, committed: 
 @pytest.fixture
 def config(tmp_path: Path):
     config = make_config(tmp_path / "data", stream={"max_batch_failures": 2, "max_batch_seconds": 30})
-    checkpoint = batch_failures.checkpoint_of(config)
+    checkpoint = Path(batch_failures.checkpoint_of(config))
     write_offset_log(checkpoint, 6, {"a": {"0": 10, "1": 20}, "b": {"0": 5}}, committed=True)
     write_offset_log(checkpoint, 7, {"a": {"0": 15, "1": 20}, "b": {"0": 9}})
     return config
@@ -85,7 +85,7 @@ class FakeStream:
 
 
 def test_pending_batch_and_its_offset_ranges(config) -> None:
-    checkpoint = batch_failures.checkpoint_of(config)
+    checkpoint = Path(batch_failures.checkpoint_of(config))
     assert batch_failures.pending_batch(checkpoint) == 7
     assert batch_failures.offset_ranges(checkpoint, 7) == [
         {"topic": "a", "partition": 0, "from": 10, "to": 14, "from_earliest": False},

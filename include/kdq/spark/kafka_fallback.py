@@ -23,12 +23,12 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
 from kdq.checkpoint_offsets import EARLIEST, OffsetRange, batch_offset_ranges
 from kdq.config import Config
+from kdq.storage import Location
 
 log = logging.getLogger("kdq.stream")
 
@@ -105,7 +105,7 @@ def _row(message) -> tuple:
     return (message.key(), message.value(), message.topic(), message.partition(), message.offset(), stamp, kind)
 
 
-def fallback_batch(spark: SparkSession, config: Config, checkpoint: Path, batch_id: int) -> DataFrame:
+def fallback_batch(spark: SparkSession, config: Config, checkpoint: Location, batch_id: int) -> DataFrame:
     """Micro-batch ``batch_id``'s records as a DataFrame shaped like the Spark Kafka source's."""
     ranges = batch_offset_ranges(checkpoint, batch_id)
     rows = read_ranges(config, ranges)

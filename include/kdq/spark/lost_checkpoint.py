@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from kdq import storage
+from kdq.checkpoint_offsets import batch_ids
 from kdq.config import Config, ConfigError
 from kdq.intervals import iso
 from kdq.spark.tables import table_path
+from kdq.storage import Location
 from kdq.tables import RAW_ARCHIVE
 from kdq.windows import topic_selected
 
@@ -45,10 +47,9 @@ class LostCheckpoint(ConfigError):
     """The stream's checkpoint is new but the tables hold counts; the message says what to do."""
 
 
-def checkpoint_is_fresh(checkpoint: Path) -> bool:
+def checkpoint_is_fresh(checkpoint: Location) -> bool:
     """No micro-batch was ever planned with this checkpoint (Spark's offset log is empty)."""
-    offsets = checkpoint / "offsets"
-    return not (offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir()))
+    return not batch_ids(storage.join(checkpoint, "offsets"))
 
 
 def _archive(spark: SparkSession, config: Config):
@@ -109,7 +110,7 @@ def recount_last_ingest(spark: SparkSession, config: Config, run_id: str) -> int
     return len(changed)
 
 
-def starting_offsets(spark: SparkSession, config: Config, checkpoint: Path) -> str | None:
+def starting_offsets(spark: SparkSession, config: Config, checkpoint: Location) -> str | None:
     """The ``startingOffsets`` this start must use instead of the configured one (None: keep it), or
     :class:`LostCheckpoint` when a fresh checkpoint meets a non-empty archive and nothing was chosen."""
     if not checkpoint_is_fresh(checkpoint):
@@ -125,7 +126,7 @@ def starting_offsets(spark: SparkSession, config: Config, checkpoint: Path) -> s
         )
         return None
     if policy == "resume_from_archive":
-        recount_last_ingest(spark, config, run_id=f"lost-checkpoint-{checkpoint.name}")
+        recount_last_ingest(spark, config, run_id=f"lost-checkpoint-{storage.name_of(checkpoint)}")
         offsets = archive_resume_offsets(spark, config)
         log.warning("fresh checkpoint %s: resuming from the archive's offsets %s", checkpoint, offsets)
         return json.dumps(offsets, sort_keys=True)

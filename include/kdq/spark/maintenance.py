@@ -91,10 +91,11 @@ def run_step(spark: Any, config: Any, step: Step) -> Any:
 
     from kdq.spark.batch_layer import stream_caught_up
     from kdq.spark.retention import retire_and_delete
+    from kdq.spark.tables import table_path
     from kdq.tables import ALL_TABLES
 
     spec = next(s for s in ALL_TABLES if s.name == step.table)
-    table = DeltaTable.forPath(spark, str(config.tables_dir / spec.name))
+    table = DeltaTable.forPath(spark, table_path(config, spec))
     if step.action == "optimize":
         return [row.asDict(recursive=True) for row in table.optimize().where(step.where).executeCompaction().collect()]
     if step.action == "vacuum":

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kdq import storage
 from kdq.config import Config, ConfigError
 
 if TYPE_CHECKING:
@@ -33,6 +34,9 @@ REQUIRED_JAR_PREFIXES = (
     "delta-storage-",
 )
 
+
+# S3A's jar in <jars_dir>/hadoop-aws (jvm/hadoop-aws/pom.xml), at the Hadoop version inside pyspark.
+HADOOP_AWS_PREFIX = "hadoop-aws-"
 
 # kdq's own JVM functions (the record classifier), built from jvm/kdq-spark-functions by scripts/setup.sh.
 KDQ_FUNCTIONS_JAR = Path("kdq") / "kdq-spark-functions.jar"
@@ -55,7 +59,23 @@ def connector_jars(config: Config) -> list[Path]:
             f"paths.jars_dir: {functions} is missing; run `make setup` (scripts/setup.sh builds it from "
             "jvm/kdq-spark-functions with Maven)"
         )
-    return [*jars, functions]
+    return [*jars, functions, *storage_jars(config)]
+
+
+def storage_jars(config: Config) -> list[Path]:
+    """The S3A connector (hadoop-aws and the AWS SDK modules it uses) when tables and checkpoints are on
+    ``s3a://`` (``paths.storage_uri``): fetched only on demand, by `make setup-s3` (jvm/hadoop-aws/pom.xml)."""
+    if storage.scheme(config.paths.storage_uri) != "s3a":
+        return []
+    folder = config.jars_dir / "hadoop-aws"
+    jars = sorted(folder.glob("*.jar"))
+    if not any(j.name.startswith(HADOOP_AWS_PREFIX) for j in jars):
+        raise ConfigError(
+            f"paths.storage_uri = {config.paths.storage_uri!r} needs the S3A connector, but {folder} has no "
+            f"{HADOOP_AWS_PREFIX}*.jar: run `make setup-s3` (KDQ_SETUP_S3=1 scripts/setup.sh) to fetch hadoop-aws "
+            "and the AWS SDK with Maven"
+        )
+    return jars
 
 
 def on_this_machine(master: str) -> bool:
@@ -71,7 +91,7 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.catalogImplementation": "in-memory",
-        "spark.sql.warehouse.dir": str(config.data_dir / "warehouse"),
+        "spark.sql.warehouse.dir": storage.warehouse_location(config),
         "spark.sql.shuffle.partitions": str(config.spark.shuffle_partitions),
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": str(config.spark.ui_enabled).lower(),
@@ -127,7 +147,10 @@ def build_session(config: Config, app_name: str = "kdq", master: str | None = No
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    from kdq.spark.storage import prepare
     from kdq.spark.tables import register_tables
+
+    prepare(spark, config)  # tables and checkpoints on a URI: usable, or a ConfigError naming the fix
 
     register_tables(spark, config)
     return spark

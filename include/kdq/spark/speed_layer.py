@@ -42,7 +42,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
-from kdq import batch_failures, stream_state
+from kdq import batch_failures, storage, stream_state
 from kdq.checkpoint_offsets import speed_layer_checkpoint
 from kdq.config import Config
 from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
@@ -137,29 +137,23 @@ class FaultInjector:
         os._exit(137)
 
 
-def checkpoint_dir(config: Config) -> Path:
+def checkpoint_dir(config: Config) -> str:
     return speed_layer_checkpoint(config)
 
 
-def app_id_for(checkpoint: Path) -> str:
-    """The idempotent-write app id, stored inside the checkpoint.
+def app_id_for(checkpoint: storage.Location) -> str:
+    """The idempotent-write app id, stored inside the checkpoint (local or remote: :mod:`kdq.storage`).
 
     Tied to the checkpoint on purpose: a new checkpoint restarts batch ids at
     0, and with the old app id Delta would silently skip those batches as
     already written. A new checkpoint gets a new app id.
     """
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    path = checkpoint / "kdq_app_id"
-    if not path.exists():
-        tmp = checkpoint / f".kdq_app_id.{uuid.uuid4().hex}"
-        tmp.write_text(f"kdq-stream-{uuid.uuid4()}")
-        try:
-            os.link(tmp, path)  # atomic create-if-absent: two starters agree on one id
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
-    return path.read_text().strip()
+    files = storage.files_for(checkpoint)
+    files.mkdirs(checkpoint)
+    path = storage.join(checkpoint, "kdq_app_id")
+    if not files.exists(path):
+        files.create_if_absent(path, f"kdq-stream-{uuid.uuid4()}".encode())  # two starters agree on one id
+    return files.read_bytes(path).decode().strip()
 
 
 @dataclass
@@ -185,7 +179,7 @@ class SpeedLayer:
         config: Config,
         rules: RuleSet,
         faults: FaultInjector | None = None,
-        checkpoint: Path | None = None,
+        checkpoint: storage.Location | None = None,
     ) -> None:
         self.spark = spark
         self.config = config

@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kdq.config import Config
+from kdq.storage import table_location
 from kdq.tables import ALL_TABLES, VIEWS, TableSpec
 
 if TYPE_CHECKING:
@@ -13,7 +14,8 @@ if TYPE_CHECKING:
 
 
 def table_path(config: Config, spec: TableSpec) -> str:
-    return str(config.tables_dir / spec.name)
+    """The table's location: a local path or a URI (``paths.storage_uri``; :mod:`kdq.storage`)."""
+    return table_location(config, spec.name)
 
 
 def qualified_name(config: Config, spec: TableSpec) -> str:

@@ -20,6 +20,7 @@ from kdq.stack.kafka import LocalKafka
 from kdq.stack.procs import StackError, port_open, quiet_port
 from kdq.stack.spark_cluster import LocalSparkCluster
 from kdq.stack.sql_endpoint import LocalSqlEndpoint
+from kdq.storage import tables_location
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ class LocalStack:
                 self.config.spark_master(),
                 ready,
                 ready,
-                f"Delta tables in {self.config.tables_dir}" if ready else "connector jars missing: run `make setup`",
+                f"Delta tables in {tables_location(self.config)}" if ready else "connector jars missing: run `make setup`",
             )
         )
         return result
