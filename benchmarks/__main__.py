@@ -90,6 +90,10 @@ def parse_args(argv) -> argparse.Namespace:
         "--kafka-client", action="append", default=[], metavar="KEY=VALUE",
         help="extra Kafka consumer setting of the stream's source (kafka.client), e.g. fetch.max.bytes=67108864",
     )
+    p.add_argument(
+        "--stream-setting", action="append", default=[], metavar="KEY=VALUE",
+        help="a [stream] setting of the speed layer's config (an integer, a number or text), e.g. batch_tasks=2",
+    )
     p.add_argument("--event-log", action="store_true", help="write Spark event logs (for the History Server) to the work dir")
     p.add_argument("--archive-sizes", help="archive rows per batch-layer stage (default 1M,5M,20M; quick 50k,250k,1M)")
     p.add_argument("--late-rows", type=int, help="late records per hourly recompute (default 10,000; quick 1,000)")
@@ -315,6 +319,7 @@ def speed_phase(
         write_rules(data / "rules", schema, rule, topics),
         kafka=kafka,
         spark=overrides_spark,
+        stream=dict(kv.split("=", 1) for kv in args.stream_setting),  # validated (and typed) by the config
         influxdb={"url": stack.influx.url},
     )
     if rule == "summaries":
@@ -328,6 +333,7 @@ def speed_phase(
         "master": config.spark.master,
         "extra_conf": config.spark.conf,
         "kafka_client": config.kafka.client,
+        "stream": {kv.split("=", 1)[0]: getattr(config.stream, kv.split("=", 1)[0]) for kv in args.stream_setting},
     }
     stream = StreamRun(config, args.trigger_seconds)
     brokers = [p.pid for p in (node.process.process() for node in stack.kafka.nodes) if p]

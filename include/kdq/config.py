@@ -203,6 +203,11 @@ class StreamConfig(_Section):
     hung_stop_grace_seconds: float = Field(
         default=30.0, gt=0, description="SIGTERM-to-SIGKILL grace when the supervisor stops a hung stream"
     )
+    batch_tasks: int = Field(
+        default=0, ge=0,
+        description="tasks per micro-batch: 0 = one per Kafka partition read (Spark's Kafka source); N = the "
+        "partitions coalesced into at most N tasks (no shuffle): less per-task overhead and fewer archive files",
+    )
 
     @field_validator("on_fresh_checkpoint")
     @classmethod

@@ -74,3 +74,27 @@ def test_orders_example_with_late_data(spark, local_stack, tmp_path) -> None:
     # The late-rows metric, durably in the batch ledger (and per batch in the progress records).
     assert sum(entry["late_rows"].get(topic, 0) for entry in layer.ledger.entries()) == 1
     assert sum(report.late_rows.get(topic, 0) for report in layer.reports.values()) == 1
+
+
+def test_batch_tasks_coalesce_the_kafka_partitions(spark, local_stack, tmp_path) -> None:
+    """stream.batch_tasks = 1: the four Kafka partitions' records are read by one task per micro-batch (the
+    archive append writes one file for its one event hour, not one per partition); every count still exact."""
+    from delta.tables import DeltaTable
+
+    from tests.integration.helpers import expected_counts
+
+    prefix = f"bt{tmp_path.name[-6:].replace('_', '')}"
+    topic = f"{prefix}-orders"
+    local_stack.kafka.create_topic(topic, partitions=4)
+    config = isolated_config(local_stack, tmp_path, prefix, stream={"batch_tasks": 1})
+    sent = [(p, i % 4 != 0, W0 + i * 90 + p) for p in range(4) for i in range(10)]  # one event hour
+    produce(config.kafka_bootstrap(), topic, [(p, b'{"a":1}' if ok else b"{oops", ts) for p, ok, ts in sent])
+    run_available_now(SpeedLayer(spark, config, load_rules(config.rules_dir)))
+
+    assert window_counts(spark, config, topic) == expected_counts(topic, [(ts, ok) for _, ok, ts in sent])
+    archive = str(config.tables_dir / "raw_archive")
+    assert spark.read.format("delta").load(archive).count() == 40
+    appends = [h for h in DeltaTable.forPath(spark, archive).history().collect() if h["operation"] == "WRITE"]
+    assert appends and all(int(h["operationMetrics"]["numFiles"]) == 1 for h in appends), [
+        dict(h["operationMetrics"]) for h in appends
+    ]

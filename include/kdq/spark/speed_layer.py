@@ -312,9 +312,8 @@ class SpeedLayer:
                     self._producer = metrics_producer(self.config)
                 stream_summaries(
                     self.spark, self.config, classified, before, self.app_id, batch_id, ingest_ms,
-                    report.input_rows_by_topic, self._producer, self.push_state.record_failure, replayed,
+                    report.input_rows_by_topic, self._producer, self.push_state.record_failure, replayed, lap,
                 )
-                lap("summaries")
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
 
             keys = sorted({(r["topic"], int(r["window_start_ms"])) for r in increments})
@@ -365,7 +364,8 @@ class SpeedLayer:
         return self._prepare(batch)
 
     def _prepare(self, batch: DataFrame) -> DataFrame:
-        """The batch's records with the quarantine mark (when a range applies) and the test faults."""
+        """The batch's records with the quarantine mark (when a range applies), in at most
+        ``stream.batch_tasks`` tasks, and the test faults."""
         if self._quarantined:
             from pyspark.sql import functions as F
 
@@ -376,6 +376,9 @@ class SpeedLayer:
                     & F.col("offset").between(int(e["from_offset"]), int(e["to_offset"]))
                 )
             batch = batch.withColumn(transforms.QUARANTINED_COLUMN, hit)
+        if self.config.stream.batch_tasks:
+            # Coalesce, never shuffle: each task reads several Kafka partitions one after the other.
+            batch = batch.coalesce(self.config.stream.batch_tasks)
         return self.faults.poison(batch)
 
     def _decide_quarantine(self, batch_id: int) -> list[dict]:

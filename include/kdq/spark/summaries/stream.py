@@ -76,6 +76,7 @@ def stream_summaries(
     producer: Any = None,
     on_influx_failure: Callable[[int, str], None] | None = None,
     replayed: bool = True,
+    lap: Callable[[str], None] = lambda step: None,
 ) -> dict[str, int]:
     """One micro-batch of every summary on the batch's topics (see the module doc); returns counts for the report.
 
@@ -83,7 +84,8 @@ def stream_summaries(
     (the ledger's ``max_event_ms_before``), ``topics`` the batch's topics:
     a batch without a summary topic costs nothing. ``replayed`` False (the
     batch's ledger entry was written by this attempt) skips the look into
-    Delta's log: a first attempt cannot have been applied.
+    Delta's log: a first attempt cannot have been applied. ``lap(step)`` is called after each
+    step (``summary_states``, ``summary_merge``, ``summary_outputs``): the batch report's breakdown.
     """
     summaries = active_summaries(config, topics)
     report = {"summary_groups": 0, "summary_late_rows": 0}
@@ -93,6 +95,7 @@ def stream_summaries(
     rows = [r.asDict() for r in summary_states(values).collect()]
     late = [r for r in rows if r["late"]]
     increments = [state_entry(r) for r in rows if not r["late"]]
+    lap("summary_states")
     report["summary_late_rows"] = sum(int(r["rows"]) for r in late)
     absolute: dict[tuple, dict] = {}
     if increments:
@@ -110,6 +113,7 @@ def stream_summaries(
             check_limits(config, absolute)
             merge_increments(spark, config, increments, app_id, batch_id)
     append_late_windows(spark, config, late, app_id, batch_id, ingest_ms)
+    lap("summary_merge")
     changed = [absolute[key_of(r)] for r in increments if key_of(r) in absolute]
     report["summary_groups"] = len(changed)
     _, influx_error = publish(config, changed, producer=producer)
@@ -117,4 +121,5 @@ def stream_summaries(
         log.error("InfluxDB push of %d summary groups failed for batch %d: %s", len(changed), batch_id, influx_error)
         if on_influx_failure is not None:
             on_influx_failure(ingest_ms, str(influx_error)[:500])
+    lap("summary_outputs")
     return report
