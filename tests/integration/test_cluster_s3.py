@@ -1,0 +1,290 @@
+"""Tables and checkpoints on object storage (issue 16): ``paths.storage_uri = s3a://...`` end to end.
+
+An S3-compatible server (moto's server mode, from PyPI) runs on a free loopback port for the module; kdq
+reaches it through S3A (hadoop-aws and the AWS SDK modules fetched by `make setup-s3`), configured the
+Spark way in ``[spark.conf]`` (``spark.hadoop.fs.s3a.endpoint``, path-style access, keys). Every job runs
+as its own process through the ``kdq`` command (spark-submit), as a cluster runs them, and shares only
+what is in the bucket: the stream (available-now, twice: on-time data, then data too late for it), the
+hourly recompute, a rebuild after a rule change, and the daily maintenance (retention retires and deletes
+the archive's rows). The Delta tables are read back from s3a:// by a process of their own and compared
+with ground truth computed here; no table or checkpoint folder may appear on the local disk.
+
+Marked ``cluster`` (slow: seven Spark applications): `make test-cluster` runs it, CI's ``-m "not
+cluster"`` leaves it out. The Kafka broker and InfluxDB are the session's single-node stack (lighter than
+the three-broker shape: what is under test here is the storage).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kdq.config import Config
+from kdq.spark.writers import now_ms
+from tests.conftest import PROJECT_ROOT
+from tests.integration.helpers import W0, expected_counts, influx_points, isolated_config, produce, write_config_file
+
+pytestmark = pytest.mark.cluster
+
+BUCKET = "kdq-tables"
+KEY, SECRET = "kdq-test-key", "kdq-test-secret"
+W1, W2, W60 = W0 + 1000, W0 + 2000, W0 + 60_000
+ID1, ID2, BAD = json.dumps({"id": 1}).encode(), json.dumps({"id": 2}).encode(), b"{oops"
+JOB_TIMEOUT = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """moto's S3 server on a free loopback port (its own process), with the test bucket; stopped after."""
+
+    port = _free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    server = PROJECT_ROOT / ".venv" / "bin" / "moto_server"
+    command = [str(server) if server.exists() else shutil.which("moto_server") or "moto_server", "-H", "127.0.0.1", "-p", str(port)]
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert process.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "moto_server did not open its port: " + log.read_text()
+                time.sleep(0.2)
+        endpoint = f"http://127.0.0.1:{port}"
+        _client(endpoint).create_bucket(Bucket=BUCKET)
+        yield endpoint
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def _client(endpoint: str):
+    import boto3
+
+    return boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name="us-east-1"
+    )
+
+
+def s3a_conf(endpoint: str) -> dict[str, str]:
+    """S3A settings for an S3-compatible server on loopback (docs/cluster.md)."""
+    return {
+        "spark.hadoop.fs.s3a.endpoint": endpoint,
+        "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+        "spark.hadoop.fs.s3a.access.key": KEY,
+        "spark.hadoop.fs.s3a.secret.key": SECRET,
+    }
+
+
+def _kdq(config: Config, *args: str, timeout: float = JOB_TIMEOUT) -> subprocess.CompletedProcess:
+    """One kdq command in a process of its own (its Spark jobs through spark-submit), with this config."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "kdq"), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=PROJECT_ROOT,
+        env={"KDQ_CONFIG": config.source, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "TZ": "UTC"},
+    )
+    print(f"kdq {' '.join(args)}: exit {done.returncode} in {time.monotonic() - started:.0f} s", flush=True)
+    assert done.returncode == 0, f"kdq {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return done
+
+
+READBACK = """
+import json, sys
+from pyspark.sql import functions as F
+from kdq import storage
+from kdq.config import load_config
+from kdq.spark.session import build_session
+
+config = load_config(sys.argv[1], env={})
+topic = sys.argv[2]
+spark = build_session(config, app_name="kdq-s3-readback")
+
+def table(name):
+    return spark.read.format("delta").load(storage.table_location(config, name)).where(F.col("topic") == topic)
+
+w = F.unix_millis("window_start").alias("w")
+out = {
+    "counts": [r.asDict() for r in table("window_counts").select(w, "status", "count").collect()],
+    "corrections": [r.asDict() for r in table("corrections").select(w, "status", "old_count", "new_count", "reason").collect()],
+    "archive": [r.asDict() for r in table("raw_archive").select("partition", "offset", "valid", "counted").collect()],
+    "retired": [r.asDict() for r in table("retired_counts").select(w, "status", "count").collect()],
+    "locations": {name: storage.table_location(config, name) for name in ("window_counts", "raw_archive")},
+}
+print("KDQ_READBACK " + json.dumps(out))
+spark.stop()
+"""
+
+
+def read_back(config: Config, topic: str, tmp_path: Path) -> dict:
+    """The kdq tables' rows of ``topic``, read from s3a:// by a Spark application of its own."""
+    script = tmp_path / "read_back.py"
+    script.write_text(READBACK)
+    done = subprocess.run(
+        [sys.executable, str(script), config.source, topic], capture_output=True, text=True, timeout=JOB_TIMEOUT,
+        cwd=PROJECT_ROOT, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "TZ": "UTC",
+                               "PYTHONPATH": f"{PROJECT_ROOT / 'include'}:{PROJECT_ROOT}"},
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("KDQ_READBACK ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-6000:]
+    return json.loads(lines[-1].removeprefix("KDQ_READBACK "))
+
+
+def _counts(rows: list[dict], topic: str) -> dict[tuple[str, int, str], int]:
+    return {(topic, r["w"], r["status"]): r["count"] for r in rows if r["count"]}
+
+
+def _points(counts: dict[tuple[str, int, str], int]) -> dict[int, tuple[int, int]]:
+    return {w: (counts.get((t, w, "valid"), 0), counts.get((t, w, "invalid"), 0)) for t, w, _ in counts}
+
+
+@pytest.mark.timeout(3600)  # seven Spark applications: 15-30 min on the loaded 2-core machine
+def test_stream_recompute_rebuild_and_maintenance_with_tables_and_checkpoints_on_s3a(
+    local_stack, s3_endpoint, tmp_path
+) -> None:
+    prefix = f"s3{tmp_path.name[-6:].replace('_', '')}"
+    topic = f"{prefix}-orders"
+    local_stack.kafka.create_topic(topic, partitions=3)
+    rules = tmp_path / "rules"
+    shutil.copytree(PROJECT_ROOT / "config" / "rules", rules)
+    root = f"s3a://{BUCKET}/{prefix}"
+    config = write_config_file(
+        isolated_config(
+            local_stack, tmp_path / "data", prefix,
+            paths={"storage_uri": root, "rules_dir": str(rules)},
+            spark={"conf": s3a_conf(s3_endpoint)},
+        ),
+        tmp_path / "kdq.toml",
+    )
+    assert config.paths.storage_uri == root
+    produced: list[tuple[int, bytes]] = []
+
+    def send(records: list[tuple[int, bytes, int]]) -> None:
+        produce(config.kafka_bootstrap(), topic, records)
+        produced.extend((ts, value) for _, value, ts in records)
+
+    def truth(valid) -> dict[tuple[str, int, str], int]:
+        return expected_counts(topic, [(ts, valid(value)) for ts, value in produced])
+
+    json_valid = lambda value: value != BAD  # noqa: E731  (no rule for the topic: valid JSON is valid)
+    id_at_least_2 = lambda value: value == ID2  # noqa: E731  (the rule added before the rebuild)
+
+    # PRODUCT.md's example (w0: 5 valid + 1 invalid over partitions 0 and 2; w1: 1 invalid), and a record a
+    # minute later that moves the topic's event time on.
+    send([(0, ID2, W0 + 10), (0, ID2, W0 + 20), (0, ID1, W0 + 30), (0, BAD, W0 + 40), (2, ID2, W0 + 500),
+          (2, ID1, W0 + 900), (1, BAD, W1 + 500), (0, ID2, W60 + 5)])
+    _kdq(config, "stream", "--available-now")
+    on_time = truth(json_valid)
+
+    # Too late for the stream (allowed lateness 10 s): archived, not counted; the recompute counts them.
+    ingest_from = now_ms()
+    send([(2, ID1, W0 + 800), (1, BAD, W1 + 200), (0, ID2, W2 + 500)])
+    _kdq(config, "stream", "--available-now")
+    ingest_to = now_ms() + 1
+    _kdq(config, "recompute", f"--start={ingest_from}", f"--end={ingest_to}", "--run-id=s3-hourly")
+    recomputed = truth(json_valid)
+
+    # A rule change: ids below 2 become invalid; the rebuild re-judges the hour from the archive.
+    (rules / f"{topic}.schema.json").write_text(json.dumps(
+        {"type": "object", "properties": {"id": {"type": "integer", "minimum": 2}}, "required": ["id"]}
+    ))
+    _kdq(config, "job", "rebuild", f"--from={W0}", f"--to={W0 + 3_600_000}", f"--topics={topic}", "--run-id=s3-rebuild")
+    rebuilt = truth(id_at_least_2)
+
+    # The daily maintenance, run as if two days later: the archive's rows (event time 2023) are retired
+    # into retired_counts and deleted; OPTIMIZE and VACUUM run on every table.
+    today = (dt.datetime.now(dt.UTC) + dt.timedelta(days=2)).date().isoformat()
+    _kdq(config, "job", "maintenance", f"--today={today}")
+
+    data = read_back(config, topic, tmp_path)
+    assert data["locations"]["window_counts"] == f"{root}/delta/window_counts"
+    assert _counts(data["counts"], topic) == rebuilt
+    assert rebuilt == {(topic, W0, "valid"): 3, (topic, W0, "invalid"): 4, (topic, W1, "invalid"): 2,
+                       (topic, W2, "valid"): 1, (topic, W60, "valid"): 1}
+    # Every correction, once: the recompute's (on time → with the late records), then the rebuild's.
+    late = sorted((w, s, on_time.get((topic, w, s), 0), n) for (_, w, s), n in recomputed.items()
+                  if n != on_time.get((topic, w, s), 0))
+    assert sorted((c["w"], c["status"], c["old_count"], c["new_count"]) for c in data["corrections"]
+                  if c["reason"] == "late_data") == late
+    assert late == [(W0, "valid", 5, 6), (W1, "invalid", 1, 2), (W2, "valid", 0, 1)]
+    rebuild = sorted((c["w"], c["status"], c["old_count"], c["new_count"]) for c in data["corrections"]
+                     if c["reason"] != "late_data")
+    assert rebuild == [(W0, "invalid", 1, 4), (W0, "valid", 6, 3)], data["corrections"]
+    assert {c["reason"] for c in data["corrections"]} <= {"late_data", "rule_change", "rebuild"}
+    # Retention: every archived row retired (counted as the rebuild judged it), then deleted.
+    assert data["archive"] == []
+    assert _counts(data["retired"], topic) == rebuilt
+    assert influx_points(config, topic) == _points(rebuilt)
+
+    # Tables and checkpoints are in the bucket, nowhere on the local disk.
+    keys = {o["Key"] for page in _client(s3_endpoint).get_paginator("list_objects_v2").paginate(
+        Bucket=BUCKET, Prefix=f"{prefix}/") for o in page.get("Contents", [])}
+    for expected in ("delta/window_counts/_delta_log/00000000000000000000.json",
+                     "delta/raw_archive/_delta_log/00000000000000000000.json",
+                     "delta/corrections/_delta_log/00000000000000000000.json",
+                     "delta/retired_counts/_delta_log/00000000000000000000.json",
+                     "checkpoints/speed_layer/kdq_app_id", "checkpoints/speed_layer/metadata",
+                     "checkpoints/speed_layer/offsets/0", "checkpoints/speed_layer/commits/1",
+                     "checkpoints/speed_layer/kdq_ledger/1"):
+        assert f"{prefix}/{expected}" in keys, sorted(keys)[:50]
+    local = config.data_dir
+    assert local.is_dir()  # the stream's local state: heartbeat, progress, logs
+    assert not [p for p in tmp_path.rglob("_delta_log")], "a Delta table was written to the local disk"
+    assert not [p for p in tmp_path.rglob("*") if p.name in ("offsets", "commits", "kdq_ledger", "kdq_app_id")]
+    assert not (local / "delta").exists() and not (local / "checkpoints").exists()
+    print("local data_dir holds:", sorted(p.name for p in local.iterdir()), flush=True)
+
+
+@pytest.mark.parametrize(
+    ("bucket", "drop", "reason"),
+    [("no-such-bucket", (), "the bucket does not exist"),
+     (BUCKET, ("spark.hadoop.fs.s3a.access.key", "spark.hadoop.fs.s3a.secret.key"), "no AWS credentials")],
+    ids=["unknown-bucket", "no-credentials"],
+)
+def test_unusable_object_storage_stops_the_job_at_start_by_name(local_stack, s3_endpoint, tmp_path, bucket, drop, reason) -> None:
+    conf = {k: v for k, v in s3a_conf(s3_endpoint).items() if k not in drop}
+    conf.update({"spark.hadoop.fs.s3a.attempts.maximum": "1", "spark.hadoop.fs.s3a.retry.limit": "1",
+                 # no instance-metadata credentials lookup: only the keys of the configuration and the environment
+                 "spark.hadoop.fs.s3a.aws.credentials.provider":
+                     "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider,"
+                     "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"})
+    config = write_config_file(
+        isolated_config(local_stack, tmp_path / "data", "s3bad", paths={"storage_uri": f"s3a://{bucket}/kdq"},
+                        spark={"conf": conf}),
+        tmp_path / "kdq.toml",
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "kdq"), "job", "maintenance"], capture_output=True, text=True,
+        timeout=JOB_TIMEOUT, cwd=PROJECT_ROOT,
+        env={"KDQ_CONFIG": config.source, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "TZ": "UTC"},
+    )
+    print(f"unusable storage ({reason}): exit {done.returncode} in {time.monotonic() - started:.0f} s", flush=True)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert f"paths.storage_uri = 's3a://{bucket}/kdq'" in output and reason in output, output[-4000:]
+    assert not (config.data_dir / "delta").exists()
