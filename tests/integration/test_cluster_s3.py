@@ -288,3 +288,53 @@ def test_unusable_object_storage_stops_the_job_at_start_by_name(local_stack, s3_
     assert done.returncode != 0
     assert f"paths.storage_uri = 's3a://{bucket}/kdq'" in output and reason in output, output[-4000:]
     assert not (config.data_dir / "delta").exists()
+
+
+@pytest.fixture(scope="module")
+def cluster_stack_s3(tmp_path_factory: pytest.TempPathFactory):
+    """The cluster shape of the stack (`kdq up --cluster`: three brokers, a standalone master, two workers)."""
+    from kdq.stack.manager import LocalStack
+    from tests.conftest import make_config
+
+    stack = LocalStack(make_config(tmp_path_factory.mktemp("cluster-stack-s3")), cluster=True)
+    try:
+        started = time.monotonic()
+        statuses = stack.up()
+        print(f"\ncluster stack up in {time.monotonic() - started:.1f} s", flush=True)
+        assert all(s.healthy for s in statuses), [s.line() for s in statuses]
+        yield stack
+    finally:
+        stack.down()
+
+
+@pytest.mark.timeout(2400)
+def test_the_stream_on_the_standalone_cluster_keeps_its_tables_and_checkpoint_on_s3a(
+    cluster_stack_s3, s3_endpoint, tmp_path
+) -> None:
+    """Executors in separate JVMs (two workers) write the Delta tables and the driver the checkpoint on s3a://:
+    the S3A jars travel with --jars, the fs.s3a settings with the application's configuration."""
+    stack = cluster_stack_s3
+    prefix = f"s3c{tmp_path.name[-6:].replace('_', '')}"
+    topic = f"{prefix}-orders"
+    stack.kafka.create_topic(topic, partitions=3)
+    root = f"s3a://{BUCKET}/{prefix}"
+    config = write_config_file(
+        isolated_config(
+            stack, tmp_path / "data", prefix, paths={"storage_uri": root},
+            spark={"master": stack.spark.url, "conf": s3a_conf(s3_endpoint)},
+        ),
+        tmp_path / "kdq.toml",
+    )
+    records = [(0, ID2, W0 + 10), (0, ID2, W0 + 20), (0, ID1, W0 + 30), (0, BAD, W0 + 40), (2, ID2, W0 + 500),
+               (2, ID1, W0 + 900), (1, BAD, W1 + 500)]
+    produce(config.kafka_bootstrap(), topic, records)
+    _kdq(config, "stream", "--available-now")
+    apps = [a for a in stack.spark.status().get("completedapps", []) if a.get("name") == "kdq-speed-layer"]
+    assert apps, "the stream did not run on the standalone master"
+    data = read_back(config, topic, tmp_path)
+    assert _counts(data["counts"], topic) == expected_counts(topic, [(ts, v != BAD) for _, v, ts in records])
+    assert sorted((a["partition"], a["offset"]) for a in data["archive"]) == [
+        (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (2, 0), (2, 1)]
+    keys = {o["Key"] for o in _client(s3_endpoint).list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/").get("Contents", [])}
+    assert f"{prefix}/checkpoints/speed_layer/commits/0" in keys and f"{prefix}/checkpoints/speed_layer/kdq_app_id" in keys
+    assert not [p for p in tmp_path.rglob("_delta_log")], "a Delta table was written to the local disk"
