@@ -163,6 +163,12 @@ class SparkConfig(_Section):
     ui_enabled: bool = False
     database: str = "kdq"
     conf: dict[str, str] = Field(default_factory=dict, description="extra spark.* settings")
+    stream_cores_max: int = Field(
+        default=0, ge=0,
+        description="spark.cores.max of the stream's application only (0: no cap). A standalone application takes "
+        "every free core and the stream never gives its executors back: without a cap the batch jobs wait",
+    )
+    sql_endpoint_cores_max: int = Field(default=0, ge=0, description="the same for the SQL endpoint's application")
 
     @field_validator("driver_memory")
     @classmethod

@@ -400,7 +400,6 @@ def test_the_stream_does_not_take_every_core(compose: dict[str, Any]) -> None:
     cap = int(next(c.split("=", 1)[1] for c in confs if c.startswith("spark.cores.max=")))
     executor_cores = int(config.spark.conf["spark.executor.cores"])
     assert executor_cores <= cap < cores, (cap, cores)
-    assert not [c for c in confs if c.startswith("spark.kdq.")], "kdq's own keys stay out of Spark's conf"
     batch_confs = [batch[i + 1] for i, part in enumerate(batch) if part == "--conf"]
     assert not [c for c in batch_confs if c.startswith("spark.cores.max=")], "batch jobs take what is free"
     # The SQL endpoint stays a local driver of its own: it never holds the cluster's cores.
@@ -729,14 +728,20 @@ def test_sql_endpoint_publishes_only_jdbc_with_a_password(compose: dict[str, Any
     assert compose["services"]["airflow-apiserver"]["environment"]["KDQ_SQL_ENDPOINT_URL"] == "sc://sql-endpoint:15002"
 
 
-def test_cores_max_keys_apply_to_their_own_application(tmp_path: Path) -> None:
-    """spark.kdq.stream.cores.max / spark.kdq.sqlEndpoint.cores.max become spark.cores.max of the stream's / the
-    SQL endpoint's application only, winning over a spark.cores.max for every application."""
-    from kdq.spark.submit import CORES_MAX_KEYS, application_conf
+def test_core_caps_apply_to_their_own_application(tmp_path: Path) -> None:
+    """spark.stream_cores_max / spark.sql_endpoint_cores_max become spark.cores.max of the stream's / the SQL
+    endpoint's application only, winning over a spark.cores.max of [spark.conf] (which every other job keeps)."""
+    from kdq.spark.submit import submit_command
 
-    conf = {"spark.cores.max": "8", "spark.kdq.stream.cores.max": "2", "spark.kdq.sqlEndpoint.cores.max": " 1 "}
-    assert set(CORES_MAX_KEYS) == {"stream_counts", "sql_endpoint"}
-    assert application_conf(conf, "stream_counts") == {"spark.cores.max": "2"}
-    assert application_conf(conf, "sql_endpoint") == {"spark.cores.max": "1"}
-    assert application_conf(conf, "batch_recompute") == {"spark.cores.max": "8"}
-    assert application_conf({"spark.kdq.stream.cores.max": ""}, "stream_counts") == {}
+    config = load_config(path=PROJECT_ROOT / "kdq.toml", env={}, overrides={
+        "paths": {"data_dir": str(tmp_path)},
+        "spark": {"conf": {"spark.cores.max": "8"}, "stream_cores_max": 2, "sql_endpoint_cores_max": 1},
+    })
+
+    def cores(job: str) -> list[str]:
+        command = submit_command(config, job, [])
+        return [command[i + 1] for i, part in enumerate(command) if part == "--conf" and "cores.max" in command[i + 1]]
+
+    assert cores("stream_counts") == ["spark.cores.max=2"]
+    assert cores("sql_endpoint") == ["spark.cores.max=1"]
+    assert cores("batch_recompute") == ["spark.cores.max=8"]

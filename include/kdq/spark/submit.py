@@ -48,29 +48,18 @@ def package_zip(config: Config) -> Path:
     return target
 
 
-# The long-running applications and the [spark.conf] key that caps each one's cores on a standalone master
-# (its spark.cores.max): a standalone application takes every free core by default and the stream and the SQL
-# endpoint never give theirs back, so without a cap the batch jobs would wait for them. The compose deployment
-# sets the stream's (docs/cluster.md).
-CORES_MAX_KEYS = {
-    "stream_counts": "spark.kdq.stream.cores.max",
-    "sql_endpoint": "spark.kdq.sqlEndpoint.cores.max",
-}
-
-
-def application_conf(conf: dict[str, str], job: str) -> dict[str, str]:
-    """``conf`` for ``job``'s application: its own cap (``CORES_MAX_KEYS``) as ``spark.cores.max``, winning over
-    a ``spark.cores.max`` of [spark.conf]; kdq's cap keys themselves are not passed to Spark."""
-    own = {k: v for k, v in conf.items() if k not in CORES_MAX_KEYS.values()}
-    key = CORES_MAX_KEYS.get(job)
-    cap = conf.get(key, "").strip() if key else ""
-    if cap:
-        own["spark.cores.max"] = cap
-    return own
+def cores_max(config: Config, job: str) -> int:
+    """The core cap of ``job``'s application (its ``spark.cores.max``; 0: none). Only the long-running ones have
+    one (``spark.stream_cores_max``, ``spark.sql_endpoint_cores_max``): a standalone application takes every free
+    core by default and the stream and the SQL endpoint never give theirs back, so without a cap the batch jobs
+    would wait for them. The compose deployment sets the stream's (docs/cluster.md)."""
+    return {"stream_counts": config.spark.stream_cores_max, "sql_endpoint": config.spark.sql_endpoint_cores_max}.get(job, 0)
 
 
 def submit_command(config: Config, job: str, job_args: list[str], app_name: str | None = None) -> list[str]:
-    conf = application_conf(spark_conf(config, app_name or f"kdq-{job}"), job)
+    conf = spark_conf(config, app_name or f"kdq-{job}")
+    if cores_max(config, job):
+        conf["spark.cores.max"] = str(cores_max(config, job))  # wins over a spark.cores.max of [spark.conf]
     master = config.spark_master()
     command = [spark_submit_binary(), "--master", master, "--name", conf.pop("spark.app.name")]
     if "spark.jars" in conf:
