@@ -40,7 +40,7 @@ THROUGHPUT = [
     ),
     ("parallel_gc", "driver JVM with the Parallel GC (the default since the second pass)", ["--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseParallelGC"]),
     ("g1_gc", "driver JVM with G1 (the JVM's default)", ["--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseG1GC"]),
-    ("batch_tasks_2", "stream.batch_tasks = 2: the 12 Kafka partitions coalesced into 2 tasks per micro-batch", ["--stream-setting", "batch_tasks=2"]),
+    ("batch_tasks_12", "stream.batch_tasks = 12: one task per Kafka partition (default 0: one per core, 2 here)", ["--stream-setting", "batch_tasks=12"]),
     ("aqe_off", "adaptive query execution off", ["--spark-conf", "spark.sql.adaptive.enabled=false"]),
     (
         "cache_uncompressed",

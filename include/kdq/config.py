@@ -211,8 +211,9 @@ class StreamConfig(_Section):
     )
     batch_tasks: int = Field(
         default=0, ge=0,
-        description="tasks per micro-batch: 0 = one per Kafka partition read (Spark's Kafka source); N = the "
-        "partitions coalesced into at most N tasks (no shuffle): less per-task overhead and fewer archive files",
+        description="tasks per micro-batch: the Kafka partitions read are coalesced (no shuffle) into at most this "
+        "many tasks; 0 = the application's cores (Spark's default parallelism). Fewer tasks: less per-task overhead "
+        "and fewer archive files. A value at least the partition count keeps one task per partition",
     )
 
     @field_validator("on_fresh_checkpoint")

@@ -376,9 +376,9 @@ class SpeedLayer:
                     & F.col("offset").between(int(e["from_offset"]), int(e["to_offset"]))
                 )
             batch = batch.withColumn(transforms.QUARANTINED_COLUMN, hit)
-        if self.config.stream.batch_tasks:
-            # Coalesce, never shuffle: each task reads several Kafka partitions one after the other.
-            batch = batch.coalesce(self.config.stream.batch_tasks)
+        # Coalesce, never shuffle: a task reads several Kafka partitions one after the other. One task per core
+        # by default: each task pays code generation, serialization and its own archive file (docs/performance.md).
+        batch = batch.coalesce(self.config.stream.batch_tasks or self.spark.sparkContext.defaultParallelism)
         return self.faults.poison(batch)
 
     def _decide_quarantine(self, batch_id: int) -> list[dict]:
