@@ -49,7 +49,6 @@ NO_RULE_VERSION = "none"
 RULES_FORMAT_VERSION = 1
 
 _ENTRY_KEYS = ("match", "schema", "event_time_field", "event_time_format")
-_SIMPLE_SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class RuleError(ValueError):
@@ -82,21 +81,6 @@ def rule_version(schema: dict | None, event_time_field: str | None, event_time_f
             "event_time_format": event_time_format,
         }
     )
-
-
-def variant_path(dotted: str) -> str:
-    """``meta.event_time`` → ``$.meta.event_time`` (brackets for names Spark's path syntax needs quoted)."""
-    parts = []
-    for segment in dotted.split("."):
-        if _SIMPLE_SEGMENT.fullmatch(segment):
-            parts.append(f".{segment}")
-        elif "'" not in segment:  # Spark's path syntax has no escapes; backslashes are literal
-            parts.append(f"['{segment}']")
-        elif '"' not in segment:
-            parts.append(f'["{segment}"]')
-        else:
-            raise ValueError(f"field name {segment!r} cannot be expressed as a Spark variant path")
-    return "$" + "".join(parts)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kdq.rules import NO_RULE_VERSION, RuleError, RuleSet, load_rules, variant_path
+from kdq.rules import NO_RULE_VERSION, RuleError, RuleSet, load_rules
 
 ORDERS = {"type": "object", "required": ["order_id"]}
 PAYMENTS = {"type": "object", "properties": {"amount": {"type": "number", "minimum": 0}}}
@@ -157,15 +157,6 @@ def test_versions_change_only_for_the_changed_topic(tmp_path: Path) -> None:
     (tmp_path / "topics.toml").unlink()
     write(tmp_path, "topics.toml", '[[topic]]\nmatch = "re:pay.*"\nschema = "payments.schema.json"\n')
     assert load_rules(tmp_path).version_for("payments") == second.version_for("payments")
-
-
-def test_variant_path() -> None:
-    assert variant_path("ts") == "$.ts"
-    assert variant_path("meta.event_time") == "$.meta.event_time"
-    assert variant_path("meta.event-time") == "$.meta['event-time']"
-    assert variant_path("it's") == '$["it\'s"]'
-    with pytest.raises(ValueError, match="cannot be expressed"):
-        variant_path("a'\"b")
 
 
 def test_ruleset_is_frozen() -> None:
