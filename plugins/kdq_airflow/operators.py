@@ -13,19 +13,23 @@ from airflow.sdk.exceptions import AirflowException
 def submit_settings(config: Any, job: str) -> dict[str, Any]:
     """SparkSubmitHook keyword arguments equivalent to ``kdq.spark.submit.submit_command`` for ``job``.
 
-    The same ``spark_conf`` the CLI uses, so a job run by Airflow and by ``kdq job`` sees the same
-    session settings; for local masters that includes the cached connector jars (``--jars``, which
-    also reach the driver's classpath, unlike a later ``spark.jars`` conf).
+    The same :func:`kdq.spark.submit.submission` the CLI uses, so a job run by Airflow and by ``kdq job``
+    sees the same session settings: for masters on this machine the cached connector jars (``--jars``,
+    which also reach the driver's classpath, unlike a later ``spark.jars`` conf), for any cluster master
+    the kdq package (``--py-files``), and secrets of ``[spark.conf]`` in a ``--properties-file`` only this
+    user can read, not on the command line. The master is the connection's (``spark_default``).
     """
-    from kdq.spark.session import spark_conf
+    from kdq.spark.submit import submission
     from kdq.stream_process import child_env
 
-    conf = spark_conf(config, f"kdq-{job}")
+    parts = submission(config, job)
     return {
-        "name": conf.pop("spark.app.name"),
-        "jars": conf.pop("spark.jars", None),
-        "driver_memory": conf.pop("spark.driver.memory"),
-        "conf": dict(sorted(conf.items())),
+        "name": parts.name,
+        "jars": parts.jars,
+        "py_files": parts.py_files,
+        "driver_memory": parts.driver_memory,
+        "conf": parts.conf,
+        "properties_file": str(parts.properties_file) if parts.properties_file else None,
         # PATH puts this environment's spark-submit (shipped by pyspark) first: the hook runs the
         # binary named by the connection, looked up on the child's PATH.
         "env_vars": child_env(config),

@@ -4,6 +4,7 @@ shared DAG defaults and the local start date."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -165,3 +166,26 @@ def test_push_corrections_reads_the_recompute_report(monkeypatch: pytest.MonkeyP
     assert task.execute({"ti": TaskInstance(None)}) == {"ok": True}
     assert task.execute({"ti": TaskInstance({"ok": True})}) == {"ok": True}
     assert submitted == ["push_corrections"] * 4
+
+
+def test_airflow_submits_like_the_cli_with_secrets_off_the_command_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The operators' SparkSubmitHook gets the CLI's submission: the cluster master's --py-files, the jars, and
+    [spark.conf]'s secrets in the private --properties-file (the hook masks secrets in its log, not in the
+    process list)."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from kdq.spark.submit import submission
+    from kdq_airflow.operators import submit_settings
+
+    master = "spark://127.0.0.1:7077"
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": master}))
+    config = make_config(tmp_path, spark={"master": master, "conf": {"spark.hadoop.fs.s3a.secret.key": "s3cr3t-81bd"}})
+    command = SparkSubmitHook(conn_id="spark_default", **submit_settings(config, "batch_recompute"))._build_spark_submit_command(
+        "spark_jobs/batch_recompute.py"
+    )
+    parts = submission(config, "batch_recompute")
+    assert command[command.index("--master") + 1] == master
+    assert command[command.index("--py-files") + 1] == parts.py_files and parts.py_files.endswith("kdq.zip")
+    assert command[command.index("--jars") + 1] == parts.jars
+    assert command[command.index("--properties-file") + 1] == str(parts.properties_file)
+    assert "s3cr3t-81bd" not in " ".join(command) and "s3cr3t-81bd" in parts.properties_file.read_text()

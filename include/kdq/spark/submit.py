@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from kdq.config import Config, ConfigError
@@ -56,21 +59,82 @@ def cores_max(config: Config, job: str) -> int:
     return {"stream_counts": config.spark.stream_cores_max, "sql_endpoint": config.spark.sql_endpoint_cores_max}.get(job, 0)
 
 
-def submit_command(config: Config, job: str, job_args: list[str], app_name: str | None = None) -> list[str]:
+# Spark's own default of spark.redaction.regex: the values of these keys are secrets (S3 keys, passwords,
+# tokens). They go to spark-submit in a properties file only this user can read, never as --conf arguments,
+# which every user of the machine sees in the process list for as long as the application runs.
+SECRET_KEY = re.compile(r"(?i)secret|password|token|access[.]?key")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What spark-submit gets for one kdq job: the CLI's command line (:func:`submit_command`) and Airflow's
+    SparkSubmitHook (plugins/kdq_airflow/operators.py ``submit_settings``) are both made from it."""
+
+    master: str
+    name: str
+    driver_memory: str
+    jars: str | None  # --jars: also on the driver's classpath (a later spark.jars conf would not be)
+    py_files: str | None  # --py-files: the kdq package, for executors in JVMs of their own
+    conf: dict[str, str]  # every other setting (--conf), secrets excepted
+    properties_file: Path | None  # the secrets of ``conf`` (--properties-file), or None
+
+
+def submission(config: Config, job: str, app_name: str | None = None) -> Submission:
     conf = spark_conf(config, app_name or f"kdq-{job}")
     if cores_max(config, job):
         conf["spark.cores.max"] = str(cores_max(config, job))  # wins over a spark.cores.max of [spark.conf]
     master = config.spark_master()
-    command = [spark_submit_binary(), "--master", master, "--name", conf.pop("spark.app.name")]
-    if "spark.jars" in conf:
-        # --jars puts them on the driver's classpath too (a conf set later would not).
-        command += ["--jars", conf.pop("spark.jars")]
-    if not master.startswith("local"):
+    secrets = {key: conf.pop(key) for key in sorted(conf) if SECRET_KEY.search(key)}
+    return Submission(
+        master=master,
+        name=conf.pop("spark.app.name"),
+        driver_memory=conf.pop("spark.driver.memory"),
+        jars=conf.pop("spark.jars", None),
         # Executors are separate JVMs whose Python workers import kdq (the job's functions are pickled by
         # reference): the package goes with the application.
-        command += ["--py-files", str(package_zip(config))]
-    command += ["--driver-memory", conf.pop("spark.driver.memory")]
-    for key, value in sorted(conf.items()):
+        py_files=None if master.startswith("local") else str(package_zip(config)),
+        conf=dict(sorted(conf.items())),
+        properties_file=secrets_file(config, secrets),
+    )
+
+
+def secrets_file(config: Config, secrets: dict[str, str]) -> Path | None:
+    """``secrets`` as a Java properties file readable by this user only (mode 0600), under the data folder;
+    named by its content, so concurrent submits share one file and a changed secret gets a new one."""
+    if not secrets:
+        return None
+    text = "".join(f"{_escape(key)}={_escape(value)}\n" for key, value in sorted(secrets.items()))
+    target = config.data_dir / "spark-submit" / f"secrets-{hashlib.sha256(text.encode()).hexdigest()[:16]}.properties"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:  # Spark reads it as UTF-8
+        out.write(text)
+    partial.replace(target)
+    return target
+
+
+def _escape(text: str) -> str:
+    """A key or value as java.util.Properties.load reads it back verbatim."""
+    special = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\f": "\\f",
+               "=": "\\=", ":": "\\:", "#": "\\#", "!": "\\!"}
+    escaped = "".join(special.get(char, char) for char in text)
+    return "\\" + escaped if escaped.startswith(" ") else escaped
+
+
+def submit_command(config: Config, job: str, job_args: list[str], app_name: str | None = None) -> list[str]:
+    parts = submission(config, job, app_name)
+    command = [spark_submit_binary(), "--master", parts.master, "--name", parts.name]
+    if parts.jars:
+        command += ["--jars", parts.jars]
+    if parts.py_files:
+        command += ["--py-files", parts.py_files]
+    if parts.properties_file:
+        # --load-spark-defaults: a properties file would otherwise replace conf/spark-defaults.conf.
+        command += ["--properties-file", str(parts.properties_file), "--load-spark-defaults"]
+    command += ["--driver-memory", parts.driver_memory]
+    for key, value in parts.conf.items():
         command += ["--conf", f"{key}={value}"]
     return [*command, str(job_path(job)), *job_args]
-

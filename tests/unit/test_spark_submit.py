@@ -1,0 +1,97 @@
+"""spark-submit's arguments for kdq's jobs: secrets of [spark.conf] stay off the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+from kdq.spark.submit import SECRET_KEY, submission, submit_command
+from tests.conftest import make_config
+
+SECRETS = {
+    "spark.hadoop.fs.s3a.access.key": "AKIA-key",
+    "spark.hadoop.fs.s3a.secret.key": "s3cr3t=with:all#the!special \\ chars é",
+    "spark.kdq.some.password": "  padded",
+    "spark.kdq.token": "tok-9f3e",
+}
+
+# java.util.Properties reads the file back, as spark-submit does (Utils.getPropertiesFromFile: a UTF-8 reader).
+READ_PROPERTIES = """
+import java.io.*; import java.nio.charset.StandardCharsets; import java.util.*;
+public class ReadProperties {
+  public static void main(String[] args) throws Exception {
+    Properties p = new Properties();
+    try (Reader r = new InputStreamReader(new FileInputStream(args[0]), StandardCharsets.UTF_8)) { p.load(r); }
+    StringBuilder out = new StringBuilder("{");
+    for (String k : new TreeSet<>(p.stringPropertyNames())) {
+      if (out.length() > 1) out.append(",");
+      out.append(quote(k)).append(":").append(quote(p.getProperty(k)));
+    }
+    System.out.println(out.append("}"));
+  }
+  static String quote(String s) {
+    StringBuilder b = new StringBuilder("\\"");
+    for (char c : s.toCharArray()) {
+      if (c == '"' || c == '\\\\') b.append('\\\\').append(c);
+      else if (c < 0x20 || c > 0x7e) b.append(String.format("\\\\u%04x", (int) c));
+      else b.append(c);
+    }
+    return b.append("\\"").toString();
+  }
+}
+"""
+
+
+def _config(tmp_path: Path, master: str = "local[2]"):
+    return make_config(tmp_path, spark={"master": master, "conf": {**SECRETS, "spark.sql.adaptive.enabled": "false"}})
+
+
+def test_secret_keys_follow_sparks_redaction_default() -> None:
+    assert all(SECRET_KEY.search(key) for key in SECRETS)
+    assert not SECRET_KEY.search("spark.hadoop.fs.s3a.endpoint") and not SECRET_KEY.search("spark.executor.cores")
+
+
+def test_secrets_go_to_a_private_properties_file_not_the_command_line(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    command = submit_command(config, "batch_recompute", ["--start=0"])
+    line = " ".join(command)
+    for key, value in SECRETS.items():
+        assert key not in line and value not in line
+    assert "--conf spark.sql.adaptive.enabled=false" in line, "other settings stay --conf"
+    path = Path(command[command.index("--properties-file") + 1])
+    assert "--load-spark-defaults" in command, "conf/spark-defaults.conf still applies"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.parent == config.data_dir / "spark-submit"
+    # Same secrets, same file (concurrent submits share it); another secret, another file.
+    assert submission(config, "stream_counts").properties_file == path
+    other = make_config(tmp_path, spark={"conf": {"spark.kdq.token": "other"}})
+    assert submission(other, "stream_counts").properties_file not in (None, path)
+
+
+def test_java_reads_back_every_secret_verbatim(tmp_path: Path) -> None:
+    path = submission(_config(tmp_path), "batch_recompute").properties_file
+    source = tmp_path / "ReadProperties.java"
+    source.write_text(READ_PROPERTIES)
+    done = subprocess.run(["java", str(source), str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == SECRETS
+
+
+def test_no_secrets_no_file(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    command = submit_command(config, "batch_recompute", [])
+    assert "--properties-file" not in command
+    assert not (config.data_dir / "spark-submit").exists() or not list((config.data_dir / "spark-submit").glob("secrets-*"))
+
+
+def test_the_file_is_private_from_its_first_byte(tmp_path: Path) -> None:
+    """Created with mode 0600 (never world-readable, even for a moment), whatever the umask."""
+    previous = os.umask(0)
+    try:
+        path = submission(_config(tmp_path), "batch_recompute").properties_file
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
