@@ -57,6 +57,24 @@ class PathsConfig(_Section):
         description="where Delta tables and Spark checkpoints live (s3a://bucket/prefix, hdfs://..., abfss://..., "
         "gs://...); empty: under data_dir. Local process state stays in data_dir either way",
     )
+    dynamodb_table: str = Field(
+        default="",
+        description="with s3a:// storage: the DynamoDB table that coordinates Delta commits (kdq's DynamoDB log "
+        "store), so the stream and the batch jobs (separate Spark drivers) can commit to the same table at once. "
+        "Every writer must use the same table and region",
+    )
+    dynamodb_region: str = Field(default="us-east-1", description="the AWS region of paths.dynamodb_table (empty: us-east-1)")
+    dynamodb_endpoint: str = Field(
+        default="",
+        description="a DynamoDB-compatible endpoint (http://host:port: DynamoDB Local, LocalStack, moto); empty: "
+        "the AWS SDK's (AWS_ENDPOINT_URL_DYNAMODB, else AWS's endpoint of paths.dynamodb_region)",
+    )
+    s3_single_writer: bool = Field(
+        default=False,
+        description="with s3a:// storage and no DynamoDB log store: acknowledge that only one kdq job writes at a "
+        "time (Delta's default log store for S3 is safe for one writing driver only; two jobs committing to the same "
+        "table at once can lose a commit)",
+    )
 
     @field_validator("data_dir", mode="before")
     @classmethod
@@ -99,6 +117,30 @@ class PathsConfig(_Section):
         if "`" in value:
             raise ValueError(f"a backtick cannot appear in table locations (Delta table paths), got {value!r}")
         return value.rstrip("/")
+
+    @field_validator("dynamodb_table")
+    @classmethod
+    def _dynamodb_table(cls, value: str) -> str:
+        value = value.strip()
+        if value and not re.fullmatch(r"[A-Za-z0-9_.-]{3,255}", value):
+            raise ValueError("expected a DynamoDB table name: 3 to 255 letters, digits, '_', '-' or '.'")
+        return value
+
+    @field_validator("dynamodb_region")
+    @classmethod
+    def _dynamodb_region(cls, value: str) -> str:
+        value = value.strip() or "us-east-1"  # Delta's default
+        if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", value):
+            raise ValueError("expected an AWS region name such as us-east-1 or eu-west-3")
+        return value
+
+    @field_validator("dynamodb_endpoint")
+    @classmethod
+    def _dynamodb_endpoint(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if value and not re.fullmatch(r"https?://[^/\s]+", value):
+            raise ValueError("expected http://host:port or https://host[:port] (empty: AWS's endpoint of the region)")
+        return value
 
 
 class KafkaConfig(_Section):

@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from kdq.config import ConfigError
+
 if TYPE_CHECKING:
     from kdq.config import Config
 
@@ -69,6 +71,54 @@ def join(location: Location, *parts: str | int) -> str:
 def name_of(location: Location) -> str:
     """The last segment (``speed_layer`` of ``s3a://b/kdq/checkpoints/speed_layer``)."""
     return os.fspath(location).rstrip("/").rsplit("/", 1)[-1]
+
+
+# Delta's log store for s3a:// paths. Its default (S3SingleDriverLogStore) is safe for one writing driver only: S3
+# has no put-if-absent, so two drivers committing version N of a table both "succeed" and one commit is lost.
+S3A_LOG_STORE_KEY = "spark.delta.logStore.s3a.impl"
+SINGLE_DRIVER_LOG_STORES = ("S3SingleDriverLogStore",)
+# kdq's log store that coordinates the commits through a DynamoDB table (jvm/hadoop-aws/kdq-dynamodb; docs/cluster.md,
+# "Concurrent writers on S3"), and its settings.
+DYNAMODB_LOG_STORE = "io.kdq.storage.DynamoDBLogStore"
+DYNAMODB_PREFIX = "spark.kdq.dynamodb."
+
+
+def log_store_conf(config: Config) -> dict[str, str]:
+    """The Spark settings of kdq's DynamoDB log store for ``paths.dynamodb_table`` (none without it, or when the
+    tables are not on s3a://): every commit to a table first claims its version in that DynamoDB table, so two
+    drivers never both write it."""
+    paths = config.paths
+    if not paths.dynamodb_table or scheme(paths.storage_uri) != "s3a":
+        return {}
+    conf = {
+        S3A_LOG_STORE_KEY: DYNAMODB_LOG_STORE,
+        f"{DYNAMODB_PREFIX}table": paths.dynamodb_table,
+        f"{DYNAMODB_PREFIX}region": paths.dynamodb_region,
+    }
+    if paths.dynamodb_endpoint:
+        conf[f"{DYNAMODB_PREFIX}endpoint"] = paths.dynamodb_endpoint
+    return conf
+
+
+def check_commits_coordinated(config: Config) -> None:
+    """With tables on s3a://, a ConfigError unless concurrent commits are coordinated (``paths.dynamodb_table``, or
+    a log store of the user's own in ``[spark.conf]``) or ``paths.s3_single_writer`` acknowledges that one job writes
+    at a time. kdq's stream, hourly recompute, rebuild and maintenance are separate Spark drivers writing the same
+    tables: with Delta's default log store on S3 two of them committing at once lose a commit, silently."""
+    paths = config.paths
+    if scheme(paths.storage_uri) != "s3a" or paths.s3_single_writer or paths.dynamodb_table:
+        return
+    log_store = config.spark.conf.get(S3A_LOG_STORE_KEY, "").strip()
+    if log_store and log_store.rsplit(".", 1)[-1] not in SINGLE_DRIVER_LOG_STORES:
+        return  # the user's own choice, in [spark.conf]
+    raise ConfigError(
+        f"paths.storage_uri = {paths.storage_uri!r}: Delta's default log store for s3a:// is safe for one writing "
+        "Spark driver only, and kdq's stream and batch jobs are separate drivers writing the same tables (two commits "
+        "of one table at the same moment: one is silently lost). Set paths.dynamodb_table (KDQ_PATHS__DYNAMODB_TABLE: "
+        "a DynamoDB table that coordinates the commits; docs/cluster.md), or "
+        f"[spark.conf] {S3A_LOG_STORE_KEY} to such a log store yourself, or paths.s3_single_writer = true if only "
+        "one kdq job ever writes at a time"
+    )
 
 
 def storage_root(config: Config) -> str:

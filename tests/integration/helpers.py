@@ -189,7 +189,7 @@ def write_config_file(config: Config, path: Path) -> Config:
                 inner = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
                 lines.append(f"{key} = {{ {inner} }}")
             else:
-                if name == "paths" and key != "storage_uri":  # a URI is not a path (kdq.storage)
+                if name == "paths" and isinstance(value, Path):  # folders; not storage_uri or the dynamodb_* keys
                     value = str(config.path(value))
                 lines.append(f"{key} = {_toml_value(value)}")
     path.write_text("\n".join(lines) + "\n")

@@ -37,6 +37,9 @@ pytestmark = pytest.mark.cluster
 
 BUCKET = "kdq-tables"
 KEY, SECRET = "kdq-test-key", "kdq-test-secret"
+# The DynamoDB table of kdq's DynamoDB log store (Delta commits of concurrent drivers coordinated; docs/cluster.md),
+# on the same moto server: every test's jobs commit through it, as production on S3 does.
+DDB_TABLE = "kdq_delta_log"
 W1, W2, W60 = W0 + 1000, W0 + 2000, W0 + 60_000
 ID1, ID2, BAD = json.dumps({"id": 1}).encode(), json.dumps({"id": 2}).encode(), b"{oops"
 JOB_TIMEOUT = 600
@@ -50,7 +53,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """moto's S3 server on a free loopback port (its own process), with the test bucket; stopped after."""
+    """moto's server on a free loopback port (its own process; S3 and DynamoDB on the same port), with the test
+    bucket and the DynamoDB table of the log store; stopped after."""
 
     port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
@@ -70,6 +74,7 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 time.sleep(0.2)
         endpoint = f"http://127.0.0.1:{port}"
         _client(endpoint).create_bucket(Bucket=BUCKET)
+        create_log_store_table(endpoint)
         yield endpoint
     finally:
         process.terminate()
@@ -88,8 +93,32 @@ def _client(endpoint: str):
     )
 
 
+def dynamodb_client(endpoint: str):
+    import boto3
+
+    return boto3.client(
+        "dynamodb", endpoint_url=endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name="us-east-1"
+    )
+
+
+def create_log_store_table(endpoint: str, name: str = DDB_TABLE) -> None:
+    """The DynamoDB table of the log store, made as docs/cluster.md makes it on AWS: on-demand capacity, the key
+    (tablePath, fileName), TTL on expireTime."""
+    client = dynamodb_client(endpoint)
+    client.create_table(
+        TableName=name,
+        AttributeDefinitions=[{"AttributeName": "tablePath", "AttributeType": "S"},
+                              {"AttributeName": "fileName", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "tablePath", "KeyType": "HASH"}, {"AttributeName": "fileName", "KeyType": "RANGE"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    client.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+    client.update_time_to_live(TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expireTime"})
+
+
 def s3a_conf(endpoint: str) -> dict[str, str]:
-    """S3A settings for an S3-compatible server on loopback (docs/cluster.md)."""
+    """S3A settings for an S3-compatible server on loopback, and kdq's DynamoDB log store on the same server
+    (docs/cluster.md), all in [spark.conf] (paths.dynamodb_table / _region / _endpoint make the last four keys)."""
     return {
         "spark.hadoop.fs.s3a.endpoint": endpoint,
         "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
@@ -97,6 +126,10 @@ def s3a_conf(endpoint: str) -> dict[str, str]:
         "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
         "spark.hadoop.fs.s3a.access.key": KEY,
         "spark.hadoop.fs.s3a.secret.key": SECRET,
+        "spark.delta.logStore.s3a.impl": "io.kdq.storage.DynamoDBLogStore",
+        "spark.kdq.dynamodb.table": DDB_TABLE,
+        "spark.kdq.dynamodb.region": "us-east-1",
+        "spark.kdq.dynamodb.endpoint": endpoint,
     }
 
 

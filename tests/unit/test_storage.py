@@ -142,3 +142,100 @@ def test_create_if_absent_keeps_the_first_content(tmp_path) -> None:
     assert not files.create_if_absent(tmp_path / "id", b"second")
     assert files.read_bytes(tmp_path / "id") == b"first"
     assert sorted(files.names(tmp_path)) == ["id"] and files.names(tmp_path / "missing") == []
+
+
+# -- concurrent writers on s3a:// (Delta's DynamoDB log store) ---------------------------------------------------------
+
+REMOTE = {"master": "spark://spark-master.example:7077"}  # no local jars needed to build the settings
+LOG_STORE = "spark.delta.logStore.s3a.impl"
+
+
+def test_s3a_tables_without_coordinated_commits_stop_every_job_at_start(tmp_path) -> None:
+    """Delta's default log store for s3a:// is safe for one writing driver; kdq's jobs are several drivers."""
+    config = make_config(tmp_path / "data", paths={"storage_uri": "s3a://bucket/kdq"}, spark=REMOTE)
+    with pytest.raises(ConfigError) as refused:
+        spark_conf(config, "kdq-speed-layer")
+    message = str(refused.value)
+    assert "paths.storage_uri = 's3a://bucket/kdq'" in message and "one writing Spark driver only" in message
+    for way_out in ("paths.dynamodb_table", "spark.delta.logStore.s3a.impl", "paths.s3_single_writer = true"):
+        assert way_out in message
+    # Delta's single-driver store named explicitly is no coordination either.
+    single = {"spark.delta.logStore.s3a.impl": "io.delta.storage.S3SingleDriverLogStore"}
+    with pytest.raises(ConfigError, match="paths.dynamodb_table"):
+        spark_conf(make_config(tmp_path / "data", paths={"storage_uri": "s3a://bucket/kdq"},
+                               spark={**REMOTE, "conf": single}), "x")
+    # Other stores give Delta an atomic rename, and local tables need nothing.
+    for uri in ("hdfs://nn/kdq", "abfss://c@a.dfs.core.windows.net/kdq", ""):
+        assert "spark.delta.logStore.s3a.impl" not in spark_conf(
+            make_config(tmp_path / "data", paths={"storage_uri": uri}, spark=REMOTE), "x")
+
+
+def test_single_writer_acknowledged_or_a_log_store_of_ones_own_runs_as_configured(tmp_path) -> None:
+    single = make_config(
+        tmp_path / "data", paths={"storage_uri": "s3a://bucket/kdq", "s3_single_writer": True}, spark=REMOTE
+    )
+    assert not [k for k in spark_conf(single, "x") if "logStore" in k or "dynamodb" in k]
+    own = {LOG_STORE: "io.delta.storage.S3DynamoDBLogStore", "spark.io.delta.storage.S3DynamoDBLogStore.ddb.tableName": "t"}
+    conf = spark_conf(
+        make_config(tmp_path / "data", paths={"storage_uri": "s3a://bucket/kdq"}, spark={**REMOTE, "conf": own}), "x"
+    )
+    assert {k: conf[k] for k in own} == own
+    # The acknowledgement as an environment variable, as a deployment would pass it.
+    from kdq.config import load_config
+    from tests.conftest import PROJECT_ROOT
+
+    env = {
+        "KDQ_PATHS__STORAGE_URI": "s3a://b/k",
+        "KDQ_PATHS__S3_SINGLE_WRITER": "true",
+        "KDQ_PATHS__DATA_DIR": str(tmp_path / "data"),
+        "KDQ_SPARK__MASTER": REMOTE["master"],
+    }
+    assert load_config(path=PROJECT_ROOT / "kdq.toml", env=env).paths.s3_single_writer is True
+
+
+def test_dynamodb_table_turns_on_kdqs_dynamodb_log_store(tmp_path) -> None:
+    paths = {"storage_uri": "s3a://bucket/kdq", "dynamodb_table": "kdq_delta_log", "dynamodb_region": "eu-west-3"}
+    conf = spark_conf(make_config(tmp_path / "data", paths=paths, spark=REMOTE), "x")
+    assert conf[LOG_STORE] == "io.kdq.storage.DynamoDBLogStore"
+    assert conf["spark.kdq.dynamodb.table"] == "kdq_delta_log" and conf["spark.kdq.dynamodb.region"] == "eu-west-3"
+    assert "spark.kdq.dynamodb.endpoint" not in conf  # the AWS SDK's: AWS's endpoint of the region
+    # A local DynamoDB (moto, DynamoDB Local); an empty region is us-east-1.
+    local = {**paths, "dynamodb_endpoint": "http://127.0.0.1:8000/", "dynamodb_region": ""}
+    conf = spark_conf(make_config(tmp_path / "data", paths=local, spark=REMOTE), "x")
+    assert conf["spark.kdq.dynamodb.endpoint"] == "http://127.0.0.1:8000" and conf["spark.kdq.dynamodb.region"] == "us-east-1"
+    # [spark.conf] wins over the settings kdq derives.
+    conf = spark_conf(make_config(tmp_path / "data", paths=paths, spark={**REMOTE, "conf": {"spark.kdq.dynamodb.region": "x-y-1"}}), "x")
+    assert conf["spark.kdq.dynamodb.region"] == "x-y-1"
+    # Tables not on s3a://: the setting has nothing to coordinate.
+    hdfs = make_config(tmp_path / "data", paths={"storage_uri": "hdfs://nn/kdq", "dynamodb_table": "t_x"}, spark=REMOTE)
+    assert LOG_STORE not in spark_conf(hdfs, "x")
+
+
+@pytest.mark.parametrize(
+    ("paths", "expected"),
+    [
+        ({"dynamodb_table": "no spaces"}, r"paths.dynamodb_table .*expected a DynamoDB table name"),
+        ({"dynamodb_table": "ab"}, r"paths.dynamodb_table .*expected a DynamoDB table name"),
+        ({"dynamodb_region": "Mars"}, r"paths.dynamodb_region .*expected an AWS region name"),
+        ({"dynamodb_endpoint": "127.0.0.1:8000"}, r"paths.dynamodb_endpoint .*expected http://host:port"),
+        ({"dynamodb_endpoint": "http://host:8000/path"}, r"paths.dynamodb_endpoint .*expected http://host:port"),
+        ({"s3_single_writer": "perhaps"}, r"paths.s3_single_writer .*valid boolean"),
+    ],
+)
+def test_bad_dynamodb_settings_are_refused_at_start(tmp_path, paths, expected) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        make_config(tmp_path / "data", paths={"storage_uri": "s3a://bucket/kdq", **paths})
+
+
+def test_the_dynamodb_log_store_needs_its_jars_from_make_setup_s3(tmp_path) -> None:
+    folder = tmp_path / "jars" / "hadoop-aws"
+    folder.mkdir(parents=True)
+    (folder / "hadoop-aws-3.5.0.jar").write_bytes(b"")
+    paths = {"storage_uri": "s3a://bucket/kdq", "jars_dir": str(tmp_path / "jars"), "dynamodb_table": "kdq_delta_log"}
+    with pytest.raises(ConfigError, match=r"needs kdq-dynamodb\*.jar, dynamodb-2.\*.jar in .*make setup-s3"):
+        storage_jars(make_config(tmp_path / "data", paths=paths))
+    # Without the log store (single writer acknowledged) S3A alone is enough.
+    assert storage_jars(make_config(tmp_path / "data", paths={**paths, "dynamodb_table": "", "s3_single_writer": True}))
+    for name in ("kdq-dynamodb.jar", "dynamodb-2.35.4.jar"):
+        (folder / name).write_bytes(b"")
+    assert len(storage_jars(make_config(tmp_path / "data", paths=paths))) == 3

@@ -37,6 +37,8 @@ REQUIRED_JAR_PREFIXES = (
 
 # S3A's jar in <jars_dir>/hadoop-aws (jvm/hadoop-aws/pom.xml), at the Hadoop version inside pyspark.
 HADOOP_AWS_PREFIX = "hadoop-aws-"
+# kdq's DynamoDB log store (jvm/hadoop-aws/kdq-dynamodb) and the AWS SDK v2 DynamoDB module it uses.
+DYNAMODB_LOG_STORE_JARS = ("kdq-dynamodb", "dynamodb-2.")
 
 # kdq's own JVM functions (the record classifier), built from jvm/kdq-spark-functions by scripts/setup.sh.
 KDQ_FUNCTIONS_JAR = Path("kdq") / "kdq-spark-functions.jar"
@@ -63,8 +65,9 @@ def connector_jars(config: Config) -> list[Path]:
 
 
 def storage_jars(config: Config) -> list[Path]:
-    """The S3A connector (hadoop-aws and the AWS SDK modules it uses) when tables and checkpoints are on
-    ``s3a://`` (``paths.storage_uri``): fetched only on demand, by `make setup-s3` (jvm/hadoop-aws/pom.xml)."""
+    """The S3A connector (hadoop-aws and the AWS SDK modules it uses) and kdq's DynamoDB log store when tables and
+    checkpoints are on ``s3a://`` (``paths.storage_uri``): fetched and built only on demand, by `make setup-s3`
+    (jvm/hadoop-aws/pom.xml, jvm/hadoop-aws/kdq-dynamodb)."""
     if storage.scheme(config.paths.storage_uri) != "s3a":
         return []
     folder = config.jars_dir / "hadoop-aws"
@@ -74,6 +77,13 @@ def storage_jars(config: Config) -> list[Path]:
             f"paths.storage_uri = {config.paths.storage_uri!r} needs the S3A connector, but {folder} has no "
             f"{HADOOP_AWS_PREFIX}*.jar: run `make setup-s3` (KDQ_SETUP_S3=1 scripts/setup.sh) to fetch hadoop-aws "
             "and the AWS SDK with Maven"
+        )
+    log_store = {**storage.log_store_conf(config), **config.spark.conf}.get(storage.S3A_LOG_STORE_KEY, "")
+    missing = [p for p in DYNAMODB_LOG_STORE_JARS if not any(j.name.startswith(p) for j in jars)]
+    if log_store == storage.DYNAMODB_LOG_STORE and missing:
+        raise ConfigError(
+            f"kdq's DynamoDB log store ({storage.S3A_LOG_STORE_KEY} = {log_store}) needs {', '.join(m + '*.jar' for m in missing)} in "
+            f"{folder}: run `make setup-s3` (KDQ_SETUP_S3=1 scripts/setup.sh) to fetch and build them with Maven"
         )
     return jars
 
@@ -85,7 +95,9 @@ def on_this_machine(master: str) -> bool:
 
 
 def spark_conf(config: Config, app_name: str) -> dict[str, str]:
-    """Every setting the factory applies, as a plain dict (spark-submit --conf uses the same)."""
+    """Every setting the factory applies, as a plain dict (spark-submit --conf uses the same). Refuses (ConfigError)
+    tables on s3a:// whose concurrent commits are not coordinated (:func:`kdq.storage.check_commits_coordinated`)."""
+    storage.check_commits_coordinated(config)
     conf = {
         "spark.app.name": app_name,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -134,6 +146,8 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         # Executors of a 1-core, 2 GB worker (kdq.stack.spark_cluster); [spark.conf] overrides.
         conf["spark.executor.memory"] = "1g"
         conf["spark.executor.cores"] = "1"
+    # Commits to tables on s3a:// coordinated through DynamoDB (paths.dynamodb_table); [spark.conf] overrides.
+    conf.update(storage.log_store_conf(config))
     conf.update(config.spark.conf)
     return conf
 

@@ -1,5 +1,5 @@
 """Tables and checkpoints on a Hadoop FileSystem URI (``paths.storage_uri``): file operations through the
-session's JVM, and the start-up check that the URI can be used.
+session's JVM, and the start-up check that the URI (and, on s3a://, kdq's DynamoDB log store) can be used.
 
 :class:`HadoopFiles` implements :class:`kdq.storage.Files` with ``org.apache.hadoop.fs.FileSystem``, so
 s3a, hdfs, abfs and gs work alike (with their connector jars on the classpath and their settings as
@@ -112,9 +112,50 @@ def _first_line(error: str) -> str:
     return useful[0][:400]
 
 
+def _explain_log_store(table: str, error: str) -> str:
+    """What an exception from starting kdq's DynamoDB log store means for the operator."""
+    prefix = f"the DynamoDB log store (paths.dynamodb_table = {table!r}): "
+    if "does not exist in the JVM" in error or "ClassNotFoundException" in error or "NoClassDefFoundError" in error:
+        return prefix + (
+            "its jars are not on Spark's classpath: `make setup-s3` builds kdq-dynamodb.jar and fetches the AWS SDK's "
+            f"DynamoDB module into <paths.jars_dir>/hadoop-aws ({_first_line(error)})"
+        )
+    if any(word in error for word in ("Unable to load credentials", "SdkClientException: Unable to load")):
+        return prefix + (
+            "no AWS credentials for DynamoDB: the log store uses S3A's keys (spark.hadoop.fs.s3a.access.key / "
+            "secret.key), else AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, the profile or the IAM role "
+            f"({_first_line(error)})"
+        )
+    if any(word in error for word in ("AccessDenied", "not authorized", "UnrecognizedClient", "403")):
+        return prefix + (
+            "access denied: the credentials need dynamodb:DescribeTable, GetItem, PutItem and Query on the table "
+            f"(and CreateTable if kdq is to make it) ({_first_line(error)})"
+        )
+    if any(word in error for word in ("Unable to execute HTTP", "Connection refused", "UnknownHost", "connect")):
+        return prefix + (
+            f"cannot reach DynamoDB: check paths.dynamodb_region and paths.dynamodb_endpoint ({_first_line(error)})"
+        )
+    return prefix + f"cannot use it: {_first_line(error)}"
+
+
+def _start_log_store(spark: SparkSession) -> None:
+    """Start kdq's DynamoDB log store once, as Delta will: it reaches DynamoDB and makes the table (on-demand) if it
+    does not exist yet. A wrong table, region, endpoint or credential stops the job here, by name, not at its first
+    commit."""
+    if spark.conf.get(storage.S3A_LOG_STORE_KEY, "") != storage.DYNAMODB_LOG_STORE:
+        return
+    table = spark.conf.get(f"{storage.DYNAMODB_PREFIX}table", "kdq_delta_log")
+    try:
+        hadoop_conf = spark._jsparkSession.sessionState().newHadoopConf()
+        spark._jvm.io.kdq.storage.DynamoDBLogStore(hadoop_conf)
+    except Exception as exc:  # py4j surfaces the JVM's exceptions as generic ones
+        raise ConfigError(_explain_log_store(table, str(exc))) from None
+
+
 def prepare(spark: SparkSession, config: Config) -> None:
     """Register this session's Hadoop FileSystem for remote locations, and (with ``paths.storage_uri`` set)
-    check that the storage root can be listed and written: a bad setting stops the job here, by name."""
+    check that the storage root can be listed and written, and that the DynamoDB log store (when configured)
+    reaches its table: a bad setting stops the job here, by name."""
     uri = config.paths.storage_uri
     if not uri or not storage.is_remote(uri):
         return
@@ -125,4 +166,6 @@ def prepare(spark: SparkSession, config: Config) -> None:
         files.names(root)
     except Exception as exc:  # py4j surfaces the JVM's exceptions as generic ones
         raise ConfigError(_explain(uri, str(exc))) from None
+    if storage.scheme(uri) == "s3a":
+        _start_log_store(spark)
     storage.use_remote_files(files)
