@@ -11,7 +11,9 @@ with ground truth computed here; no table or checkpoint folder may appear on the
 
 Marked ``cluster`` (slow: seven Spark applications): `make test-cluster` runs it, CI's ``-m "not
 cluster"`` leaves it out. The Kafka broker and InfluxDB are the session's single-node stack (lighter than
-the three-broker shape: what is under test here is the storage).
+the three-broker shape: what is under test here is the storage). The last test runs the same jobs, with the
+same checks, on the cluster shape (`kdq up --cluster`: three brokers, a standalone master, two workers), each
+job an application of the master whose executors write to the bucket.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,7 +34,15 @@ import pytest
 from kdq.config import Config
 from kdq.spark.writers import now_ms
 from tests.conftest import PROJECT_ROOT
-from tests.integration.helpers import W0, expected_counts, influx_points, isolated_config, produce, write_config_file
+from tests.integration.helpers import (
+    W0,
+    expected_counts,
+    influx_points,
+    isolated_config,
+    produce,
+    wait_for,
+    write_config_file,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -195,66 +206,87 @@ def _points(counts: dict[tuple[str, int, str], int]) -> dict[int, tuple[int, int
     return {w: (counts.get((t, w, "valid"), 0), counts.get((t, w, "invalid"), 0)) for t, w, _ in counts}
 
 
-@pytest.mark.timeout(3600)  # seven Spark applications: 15-30 min on the loaded 2-core machine
-def test_stream_recompute_rebuild_and_maintenance_with_tables_and_checkpoints_on_s3a(
-    local_stack, s3_endpoint, tmp_path
-) -> None:
-    prefix = f"s3{tmp_path.name[-6:].replace('_', '')}"
-    topic = f"{prefix}-orders"
-    local_stack.kafka.create_topic(topic, partitions=3)
+def _json_valid(value: bytes) -> bool:
+    return value != BAD  # no rule for the topic: valid JSON is valid
+
+
+def _id_at_least_2(value: bytes) -> bool:
+    return value == ID2  # the rule run_the_pipeline adds before the rebuild
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Ground truth of :func:`run_the_pipeline`, computed here from what it produced."""
+
+    topic: str
+    on_time: dict[tuple[str, int, str], int]  # the stream's counts: the records it saw in time
+    recomputed: dict[tuple[str, int, str], int]  # after the hourly recompute: the late records too
+    rebuilt: dict[tuple[str, int, str], int]  # after the rule change's rebuild
+
+
+def s3_config(stack, tmp_path: Path, prefix: str, endpoint: str, **spark: str) -> Config:
+    """An isolated config (file) with its tables and checkpoints under s3a://BUCKET/<prefix> and a rules folder
+    of its own (a copy of config/rules: no rule for the test's topic yet)."""
     rules = tmp_path / "rules"
     shutil.copytree(PROJECT_ROOT / "config" / "rules", rules)
     root = f"s3a://{BUCKET}/{prefix}"
     config = write_config_file(
-        isolated_config(
-            local_stack, tmp_path / "data", prefix,
-            paths={"storage_uri": root, "rules_dir": str(rules)},
-            spark={"conf": s3a_conf(s3_endpoint)},
-        ),
+        isolated_config(stack, tmp_path / "data", prefix, paths={"storage_uri": root, "rules_dir": str(rules)},
+                        spark={**spark, "conf": s3a_conf(endpoint)}),
         tmp_path / "kdq.toml",
     )
     assert config.paths.storage_uri == root
+    return config
+
+
+def run_the_pipeline(config: Config, topic: str, kdq: Callable[..., object]) -> Pipeline:
+    """The stream twice (PRODUCT.md's example, then records too late for it), the hourly recompute of the late
+    records' ingest interval, a rule change and its rebuild, and the daily maintenance two days on; each job a
+    kdq command in a process of its own, run by ``kdq(*args)``, sharing only the bucket."""
     produced: list[tuple[int, bytes]] = []
 
     def send(records: list[tuple[int, bytes, int]]) -> None:
         produce(config.kafka_bootstrap(), topic, records)
         produced.extend((ts, value) for _, value, ts in records)
 
-    def truth(valid) -> dict[tuple[str, int, str], int]:
+    def truth(valid: Callable[[bytes], bool]) -> dict[tuple[str, int, str], int]:
         return expected_counts(topic, [(ts, valid(value)) for ts, value in produced])
-
-    json_valid = lambda value: value != BAD  # noqa: E731  (no rule for the topic: valid JSON is valid)
-    id_at_least_2 = lambda value: value == ID2  # noqa: E731  (the rule added before the rebuild)
 
     # PRODUCT.md's example (w0: 5 valid + 1 invalid over partitions 0 and 2; w1: 1 invalid), and a record a
     # minute later that moves the topic's event time on.
     send([(0, ID2, W0 + 10), (0, ID2, W0 + 20), (0, ID1, W0 + 30), (0, BAD, W0 + 40), (2, ID2, W0 + 500),
           (2, ID1, W0 + 900), (1, BAD, W1 + 500), (0, ID2, W60 + 5)])
-    _kdq(config, "stream", "--available-now")
-    on_time = truth(json_valid)
+    kdq("stream", "--available-now")
+    on_time = truth(_json_valid)
 
     # Too late for the stream (allowed lateness 10 s): archived, not counted; the recompute counts them.
     ingest_from = now_ms()
     send([(2, ID1, W0 + 800), (1, BAD, W1 + 200), (0, ID2, W2 + 500)])
-    _kdq(config, "stream", "--available-now")
+    kdq("stream", "--available-now")
     ingest_to = now_ms() + 1
-    _kdq(config, "recompute", f"--start={ingest_from}", f"--end={ingest_to}", "--run-id=s3-hourly")
-    recomputed = truth(json_valid)
+    kdq("recompute", f"--start={ingest_from}", f"--end={ingest_to}", "--run-id=s3-hourly")
+    recomputed = truth(_json_valid)
 
     # A rule change: ids below 2 become invalid; the rebuild re-judges the hour from the archive.
-    (rules / f"{topic}.schema.json").write_text(json.dumps(
+    (config.rules_dir / f"{topic}.schema.json").write_text(json.dumps(
         {"type": "object", "properties": {"id": {"type": "integer", "minimum": 2}}, "required": ["id"]}
     ))
-    _kdq(config, "job", "rebuild", f"--from={W0}", f"--to={W0 + 3_600_000}", f"--topics={topic}", "--run-id=s3-rebuild")
-    rebuilt = truth(id_at_least_2)
+    kdq("job", "rebuild", f"--from={W0}", f"--to={W0 + 3_600_000}", f"--topics={topic}", "--run-id=s3-rebuild")
+    rebuilt = truth(_id_at_least_2)
 
     # The daily maintenance, run as if two days later: the archive's rows (event time 2023) are retired
     # into retired_counts and deleted; OPTIMIZE and VACUUM run on every table.
     today = (dt.datetime.now(dt.UTC) + dt.timedelta(days=2)).date().isoformat()
-    _kdq(config, "job", "maintenance", f"--today={today}")
+    kdq("job", "maintenance", f"--today={today}")
+    return Pipeline(topic, on_time, recomputed, rebuilt)
 
+
+def assert_exact_on_s3a(config: Config, pipeline: Pipeline, endpoint: str, prefix: str, tmp_path: Path) -> None:
+    """Every output of :func:`run_the_pipeline` equals its ground truth, read back from s3a:// by a Spark
+    application of its own (and InfluxDB); tables and checkpoints are in the bucket, none on the local disk."""
+    topic, on_time, recomputed, rebuilt = pipeline.topic, pipeline.on_time, pipeline.recomputed, pipeline.rebuilt
     data = read_back(config, topic, tmp_path)
-    assert data["locations"]["window_counts"] == f"{root}/delta/window_counts"
+    assert data["locations"]["window_counts"] == f"{config.paths.storage_uri}/delta/window_counts"
     assert _counts(data["counts"], topic) == rebuilt
     assert rebuilt == {(topic, W0, "valid"): 3, (topic, W0, "invalid"): 4, (topic, W1, "invalid"): 2,
                        (topic, W2, "valid"): 1, (topic, W60, "valid"): 1}
@@ -268,13 +300,14 @@ def test_stream_recompute_rebuild_and_maintenance_with_tables_and_checkpoints_on
                      if c["reason"] != "late_data")
     assert rebuild == [(W0, "invalid", 1, 4), (W0, "valid", 6, 3)], data["corrections"]
     assert {c["reason"] for c in data["corrections"]} <= {"late_data", "rule_change", "rebuild"}
-    # Retention: every archived row retired (counted as the rebuild judged it), then deleted.
+    # Retention: every archived row retired (counted as the rebuild judged it: each record archived once),
+    # then deleted.
     assert data["archive"] == []
     assert _counts(data["retired"], topic) == rebuilt
     assert influx_points(config, topic) == _points(rebuilt)
 
     # Tables and checkpoints are in the bucket, nowhere on the local disk.
-    keys = {o["Key"] for page in _client(s3_endpoint).get_paginator("list_objects_v2").paginate(
+    keys = {o["Key"] for page in _client(endpoint).get_paginator("list_objects_v2").paginate(
         Bucket=BUCKET, Prefix=f"{prefix}/") for o in page.get("Contents", [])}
     for expected in ("delta/window_counts/_delta_log/00000000000000000000.json",
                      "delta/raw_archive/_delta_log/00000000000000000000.json",
@@ -290,6 +323,18 @@ def test_stream_recompute_rebuild_and_maintenance_with_tables_and_checkpoints_on
     assert not [p for p in tmp_path.rglob("*") if p.name in ("offsets", "commits", "kdq_ledger", "kdq_app_id")]
     assert not (local / "delta").exists() and not (local / "checkpoints").exists()
     print("local data_dir holds:", sorted(p.name for p in local.iterdir()), flush=True)
+
+
+@pytest.mark.timeout(3600)  # seven Spark applications: 15-30 min on the loaded 2-core machine
+def test_stream_recompute_rebuild_and_maintenance_with_tables_and_checkpoints_on_s3a(
+    local_stack, s3_endpoint, tmp_path
+) -> None:
+    prefix = f"s3{tmp_path.name[-6:].replace('_', '')}"
+    topic = f"{prefix}-orders"
+    local_stack.kafka.create_topic(topic, partitions=3)
+    config = s3_config(local_stack, tmp_path, prefix, s3_endpoint)
+    pipeline = run_the_pipeline(config, topic, lambda *args: _kdq(config, *args))
+    assert_exact_on_s3a(config, pipeline, s3_endpoint, prefix, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -340,34 +385,39 @@ def cluster_stack_s3(tmp_path_factory: pytest.TempPathFactory):
         stack.down()
 
 
-@pytest.mark.timeout(2400)
-def test_the_stream_on_the_standalone_cluster_keeps_its_tables_and_checkpoint_on_s3a(
+# The application each kdq command registers with the master (its SparkSession's name, kdq.jobs.run_main's
+# app_name in spark_jobs/).
+APPLICATIONS = {"stream": "kdq-speed-layer", "recompute": "kdq-batch-recompute", "rebuild": "kdq-rebuild",
+                "maintenance": "kdq-maintenance"}
+
+
+@pytest.mark.timeout(3600)  # six applications of 1-core executors: 15-30 min on the loaded 2-core machine
+def test_stream_recompute_rebuild_and_maintenance_on_the_standalone_cluster_with_tables_on_s3a(
     cluster_stack_s3, s3_endpoint, tmp_path
 ) -> None:
-    """Executors in separate JVMs (two workers) write the Delta tables and the driver the checkpoint on s3a://:
-    the S3A jars travel with --jars, the fs.s3a settings with the application's configuration."""
+    """The pipeline of the first test with every job submitted to the standalone master: executors in separate
+    JVMs (two workers) write the Delta tables and the driver the checkpoint on s3a://; the S3A jars travel with
+    --jars, the kdq package with --py-files, the fs.s3a settings with the application's configuration. Each job
+    is checked to be a finished application of the master with an executor on a worker."""
     stack = cluster_stack_s3
     prefix = f"s3c{tmp_path.name[-6:].replace('_', '')}"
     topic = f"{prefix}-orders"
     stack.kafka.create_topic(topic, partitions=3)
-    root = f"s3a://{BUCKET}/{prefix}"
-    config = write_config_file(
-        isolated_config(
-            stack, tmp_path / "data", prefix, paths={"storage_uri": root},
-            spark={"master": stack.spark.url, "conf": s3a_conf(s3_endpoint)},
-        ),
-        tmp_path / "kdq.toml",
-    )
-    records = [(0, ID2, W0 + 10), (0, ID2, W0 + 20), (0, ID1, W0 + 30), (0, BAD, W0 + 40), (2, ID2, W0 + 500),
-               (2, ID1, W0 + 900), (1, BAD, W1 + 500)]
-    produce(config.kafka_bootstrap(), topic, records)
-    _kdq(config, "stream", "--available-now")
-    apps = [a for a in stack.spark.status().get("completedapps", []) if a.get("name") == "kdq-speed-layer"]
-    assert apps, "the stream did not run on the standalone master"
-    data = read_back(config, topic, tmp_path)
-    assert _counts(data["counts"], topic) == expected_counts(topic, [(ts, v != BAD) for _, v, ts in records])
-    assert sorted((a["partition"], a["offset"]) for a in data["archive"]) == [
-        (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (2, 0), (2, 1)]
-    keys = {o["Key"] for o in _client(s3_endpoint).list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/").get("Contents", [])}
-    assert f"{prefix}/checkpoints/speed_layer/commits/0" in keys and f"{prefix}/checkpoints/speed_layer/kdq_app_id" in keys
-    assert not [p for p in tmp_path.rglob("_delta_log")], "a Delta table was written to the local disk"
+    config = s3_config(stack, tmp_path, prefix, s3_endpoint, master=stack.spark.url)
+    ran: list[str] = []
+
+    def on_the_master(*args: str) -> None:
+        before = {a["id"] for a in stack.spark.status().get("completedapps", [])}
+        _kdq(config, *args)
+        apps = wait_for(lambda: [a for a in stack.spark.status().get("completedapps", []) if a["id"] not in before],
+                        60, f"kdq {' '.join(args)} among the master's completed applications")
+        expected = APPLICATIONS[args[1] if args[0] == "job" else args[0]]
+        assert [a["name"] for a in apps] == [expected], apps
+        executors = sorted(stack.spark.home.glob(f"spark-worker-*/{apps[0]['id']}/*/stderr"))
+        assert executors, f"{expected} ({apps[0]['id']}) ran no executor on a worker"
+        ran.append(f"{expected} {apps[0]['id']} ({len(executors)} executors)")
+
+    pipeline = run_the_pipeline(config, topic, on_the_master)
+    print("applications of the master:", ran, flush=True)
+    assert len(ran) == 5
+    assert_exact_on_s3a(config, pipeline, s3_endpoint, prefix, tmp_path)
