@@ -8,14 +8,27 @@
 
 # --- The jars, built with Maven from the repository's poms ----------------------
 # jvm/spark-connectors: the connector and Delta jars (only the listed artifacts:
-# their dependencies ship inside pyspark); jvm/kdq-spark-functions: one shaded
-# jar. Its tests (every reason, the JSON-Schema-Test-Suite) run in `make setup`
-# and CI; not compiled or run here.
+# their dependencies ship inside pyspark); jvm/hadoop-aws: the S3A connector for
+# tables and checkpoints on s3a:// (paths.storage_uri, KDQ_STORAGE_URI in
+# docker-compose.yml): hadoop-aws and the AWS SDK modules it uses (with its
+# DynamoDB module), minus what pyspark ships, and kdq's DynamoDB log store
+# (kdq-dynamodb: Delta commits of concurrent drivers on s3a://), as
+# scripts/setup.sh's KDQ_SETUP_S3 step (`make setup-s3`) makes them;
+# jvm/kdq-spark-functions: one shaded jar. Its tests (every reason, the
+# JSON-Schema-Test-Suite) run in `make setup` and CI; not compiled or run here.
 FROM maven:3.9-eclipse-temurin-17 AS jars
 WORKDIR /build
 COPY jvm/spark-connectors/pom.xml jvm/spark-connectors/pom.xml
 RUN mvn -q -B -f jvm/spark-connectors/pom.xml dependency:copy-dependencies \
         -DexcludeTransitive=true -DoutputDirectory=/opt/kdq/jars/spark
+COPY jvm/hadoop-aws/pom.xml jvm/hadoop-aws/pom.xml
+RUN mvn -q -B -f jvm/hadoop-aws/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+        -DexcludeGroupIds=io.netty,org.slf4j,commons-logging,commons-codec,org.apache.httpcomponents,com.fasterxml.jackson.core,joda-time \
+        -DoutputDirectory=/opt/kdq/jars/hadoop-aws
+COPY jvm/hadoop-aws/kdq-dynamodb/pom.xml jvm/hadoop-aws/kdq-dynamodb/pom.xml
+COPY jvm/hadoop-aws/kdq-dynamodb/src jvm/hadoop-aws/kdq-dynamodb/src
+RUN mvn -q -B -f jvm/hadoop-aws/kdq-dynamodb/pom.xml -Dmaven.test.skip=true package \
+    && cp jvm/hadoop-aws/kdq-dynamodb/target/kdq-dynamodb.jar /opt/kdq/jars/hadoop-aws/
 COPY jvm/kdq-spark-functions/pom.xml jvm/kdq-spark-functions/pom.xml
 COPY jvm/kdq-spark-functions/src jvm/kdq-spark-functions/src
 RUN mvn -q -B -f jvm/kdq-spark-functions/pom.xml -Dmaven.test.skip=true package \
@@ -38,9 +51,10 @@ RUN apt-get update \
     && chown airflow:0 /opt/kdq/data
 ENV JAVA_HOME=/usr/lib/jvm/java-17
 
-# paths.jars_dir's layout (spark/*.jar, kdq/kdq-spark-functions.jar): kdq finds
-# them there for a local master (the SQL endpoint), and the compose file's
-# spark.jars names them for the standalone master.
+# paths.jars_dir's layout (spark/*.jar, hadoop-aws/*.jar,
+# kdq/kdq-spark-functions.jar): kdq finds them there for a local master (the SQL
+# endpoint), and the compose file's spark.jars names them for the standalone
+# master.
 COPY --from=jars /opt/kdq/jars /opt/kdq/jars
 ENV KDQ_PATHS__JARS_DIR=/opt/kdq/jars
 

@@ -75,9 +75,18 @@ OPTIONAL_VARIABLES = (
     "SPARK_IMAGE",
     "KDQ_AIRFLOW_START_DATE",
     "_AIRFLOW_WWW_USER_USERNAME",
+    "KDQ_STORAGE_URI",
+    "KDQ_S3_ENDPOINT",
+    "KDQ_S3_REGION",
+    "KDQ_S3_PATH_STYLE_ACCESS",
+    "KDQ_DYNAMODB_TABLE",
+    "KDQ_DYNAMODB_REGION",
+    "KDQ_DYNAMODB_ENDPOINT",
 )
+# Passed through to the containers when set (S3A's default credential chain reads them), never interpolated.
+AWS_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 # Unset in the test's process environment, so only the env file below counts.
-COMPOSE_VARIABLES = (*SECRETS, *OPTIONAL_VARIABLES)
+COMPOSE_VARIABLES = (*SECRETS, *OPTIONAL_VARIABLES, *AWS_CREDENTIALS)
 
 
 def _docker_compose() -> str:
@@ -347,6 +356,8 @@ def test_jobs_ship_the_images_jars_and_the_package(compose: dict[str, Any]) -> N
     # paths.jars_dir's layout: every connector jar is in spark/ (a glob spark-submit resolves), the functions jar in kdq/.
     assert f"{jars_dir}/spark/*" in shipped
     assert f"{jars_dir}/{KDQ_FUNCTIONS_JAR.as_posix()}" in shipped
+    # The S3A connector too (jvm/hadoop-aws, built by the image), so KDQ_STORAGE_URI = s3a://... needs no other change.
+    assert f"{jars_dir}/hadoop-aws/*" in shipped
     assert REQUIRED_JAR_PREFIXES, "the connector jars kdq needs"
     with tempfile.TemporaryDirectory() as folder:
         local = load_config(path=PROJECT_ROOT / "kdq.toml", env={**{k: v for k, v in env.items() if k.startswith("KDQ_")
@@ -372,14 +383,33 @@ def test_the_image_builds_kdqs_jars() -> None:
     assert "-DoutputDirectory=/opt/kdq/jars/spark" in builder
     assert re.search(r"mvn .*-f jvm/kdq-spark-functions/pom\.xml .*package", builder)
     assert "target/kdq-spark-functions.jar /opt/kdq/jars/kdq/" in builder
+    # The S3A connector as `make setup-s3` fetches it: the same pom, scope and exclusions (what pyspark ships),
+    # into paths.jars_dir/hadoop-aws, where kdq looks for it (kdq.spark.session.storage_jars).
+    runs = [run.replace("\\\n", " ") for run in re.findall(r"^RUN (.*?)(?<!\\)$", builder, re.MULTILINE | re.DOTALL)]
+    hadoop_aws = next((run for run in runs if "-f jvm/hadoop-aws/pom.xml dependency:copy-dependencies" in run), None)
+    assert hadoop_aws, f"the image builds no S3A connector (jvm/hadoop-aws): {runs}"
+    assert "-DoutputDirectory=/opt/kdq/jars/hadoop-aws" in hadoop_aws
+    assert "COPY jvm/hadoop-aws/pom.xml jvm/hadoop-aws/pom.xml" in builder
     assert re.search(r"^COPY --from=jars /opt/kdq/jars /opt/kdq/jars$", text, re.MULTILINE)
     assert re.search(r"^ENV KDQ_PATHS__JARS_DIR=/opt/kdq/jars$", text, re.MULTILINE)
     setup = (PROJECT_ROOT / "scripts" / "setup.sh").read_text()
     assert "fetch_jars spark jvm/spark-connectors -DexcludeTransitive=true" in setup
     assert "kdq/kdq-spark-functions.jar" in setup
+    s3_step = re.search(r"fetch_jars hadoop-aws jvm/hadoop-aws (.*?)\n(?!\s)", setup, re.DOTALL)
+    assert s3_step, "scripts/setup.sh's KDQ_SETUP_S3 step"
+
+    def flags(command: str) -> set[str]:
+        return {f for f in command.split() if f.startswith(("-DincludeScope=", "-DexcludeGroupIds=", "-DexcludeTransitive="))}
+
+    assert flags(hadoop_aws) == flags(s3_step.group(1)), "the image's S3A jars differ from make setup-s3's"
+    # The modules setup.sh builds into the same folder (kdq's glue for Delta's DynamoDB log store).
+    for module in sorted(set(re.findall(r"(jvm/hadoop-aws/[\w-]+)", setup)) - {"jvm/hadoop-aws/pom"}):
+        name = module.rsplit("/", 1)[1]
+        assert re.search(rf"mvn .*-f {module}/pom\.xml .*package", builder), f"the image does not build {module}"
+        assert f"{module}/target/{name}.jar /opt/kdq/jars/hadoop-aws/" in builder
     # The build context keeps the jvm sources (and leaves local build output out).
     ignored = (PROJECT_ROOT / ".dockerignore").read_text().split()
-    assert "jvm" not in ignored and "jvm/*/target" in ignored
+    assert "jvm" not in ignored and "jvm/*/target" in ignored and "jvm/*/*/target" in ignored
 
 
 def test_the_stream_does_not_take_every_core(compose: dict[str, Any]) -> None:
@@ -404,6 +434,70 @@ def test_the_stream_does_not_take_every_core(compose: dict[str, Any]) -> None:
     assert not [c for c in batch_confs if c.startswith("spark.cores.max=")], "batch jobs take what is free"
     # The SQL endpoint stays a local driver of its own: it never holds the cluster's cores.
     assert _env(compose["services"]["sql-endpoint"])["KDQ_SPARK__MASTER"].startswith("local")
+
+
+def test_tables_go_to_object_storage_with_the_storage_variables() -> None:
+    """KDQ_STORAGE_URI puts the tables and checkpoints on s3a:// (paths.storage_uri), the KDQ_S3_* variables
+    become the fs.s3a settings of every job, and S3 credentials reach the drivers (Airflow, the SQL endpoint) and
+    the executors (the workers' environment); KDQ_DYNAMODB_* name the table that coordinates Delta's commits on
+    s3a://. Left unset, the kdq-data volume holds the tables and the fs.s3a settings are empty, which S3A reads
+    as unset."""
+    s3 = {
+        "KDQ_STORAGE_URI": "s3a://kdq-tables/prod",
+        "KDQ_S3_ENDPOINT": "http://minio:9000",
+        "KDQ_S3_REGION": "us-east-1",
+        "KDQ_S3_PATH_STYLE_ACCESS": "true",
+        "KDQ_DYNAMODB_TABLE": "kdq_delta_log",
+        "KDQ_DYNAMODB_REGION": "eu-west-3",
+        "KDQ_DYNAMODB_ENDPOINT": "http://dynamodb-local:8000",
+        "AWS_ACCESS_KEY_ID": "test-access-key-id",
+        "AWS_SECRET_ACCESS_KEY": "test-secret-access-key",
+    }
+    for variables, storage_uri in ((SECRETS, ""), ({**SECRETS, **s3}, s3["KDQ_STORAGE_URI"])):
+        resolved = _run_compose("config", variables=variables)
+        assert resolved.returncode == 0, resolved.stderr
+        services = yaml.safe_load(resolved.stdout)["services"]
+        config = _kdq_config({"services": services})
+        assert config.paths.storage_uri == storage_uri
+        # Delta's commits on s3a:// coordinated by a DynamoDB table (kdq refuses s3a:// without one: the stream and
+        # the batch jobs are separate writers).
+        assert config.paths.dynamodb_table == variables.get("KDQ_DYNAMODB_TABLE", "")
+        assert config.paths.dynamodb_region == variables.get("KDQ_DYNAMODB_REGION", "us-east-1")
+        assert config.paths.dynamodb_endpoint == variables.get("KDQ_DYNAMODB_ENDPOINT", "")
+        conf = config.spark.conf
+        assert conf["spark.hadoop.fs.s3a.endpoint"] == variables.get("KDQ_S3_ENDPOINT", "")
+        assert conf["spark.hadoop.fs.s3a.endpoint.region"] == variables.get("KDQ_S3_REGION", "")
+        assert conf["spark.hadoop.fs.s3a.path.style.access"] == variables.get("KDQ_S3_PATH_STYLE_ACCESS", "false")
+        for name in ("airflow-scheduler", "sql-endpoint", *SPARK_WORKERS):
+            env = _env(services[name])
+            for credential in AWS_CREDENTIALS:
+                assert env.get(credential, "") == variables.get(credential, ""), (name, credential)
+        assert "AWS_SECRET_ACCESS_KEY" not in (services["spark-master"].get("environment") or {})
+        # What a job gets from these settings: the S3A jars with --jars, the fs.s3a settings and, on s3a://, the
+        # log store's as --conf (kdq refuses to build the command for s3a:// without a DynamoDB table).
+        command = _submit_command(services, "batch_recompute")
+        assert "/opt/kdq/jars/hadoop-aws/*" in command[command.index("--jars") + 1].split(",")
+        confs = dict(c.split("=", 1) for c in (command[i + 1] for i, part in enumerate(command) if part == "--conf"))
+        assert confs["spark.hadoop.fs.s3a.path.style.access"] == variables.get("KDQ_S3_PATH_STYLE_ACCESS", "false")
+        log_store = {k: v for k, v in confs.items() if k.startswith(("spark.delta.logStore", "spark.kdq.dynamodb"))}
+        if storage_uri:
+            assert log_store == {"spark.delta.logStore.s3a.impl": "io.kdq.storage.DynamoDBLogStore",
+                                 "spark.kdq.dynamodb.table": "kdq_delta_log", "spark.kdq.dynamodb.region": "eu-west-3",
+                                 "spark.kdq.dynamodb.endpoint": "http://dynamodb-local:8000"}, log_store
+        else:
+            assert not log_store, log_store
+
+
+def _submit_command(services: dict[str, Any], job: str) -> list[str]:
+    """The spark-submit command kdq builds for ``job`` with the scheduler's KDQ_* settings (data_dir a temporary
+    folder: kdq writes kdq.zip there)."""
+    from kdq.spark.submit import submit_command
+
+    env = {k: v for k, v in _env(services["airflow-scheduler"]).items()
+           if k.startswith("KDQ_") and k not in ("KDQ_CONFIG", "KDQ_PATHS__DATA_DIR")}
+    with tempfile.TemporaryDirectory() as folder:
+        config = load_config(path=PROJECT_ROOT / "kdq.toml", env=env, overrides={"paths": {"data_dir": folder}})
+        return submit_command(config, job, [])
 
 
 def test_airflow_services_share_image_and_metadata_db(compose: dict[str, Any]) -> None:
