@@ -300,3 +300,22 @@ def test_the_stream_and_a_rebuild_at_once_on_the_same_s3a_tables_keep_every_comm
     by_stream = [times[v] for v in apps if stream_app in apps[v]]
     by_rebuild = [times[v] for v in apps if stream_app not in apps[v]]
     assert by_stream and by_rebuild, apps
+
+
+@pytest.mark.parametrize("case", ["uncoordinated", "unreachable-dynamodb"])
+def test_s3a_tables_without_a_usable_log_store_stop_the_job_at_start_by_name(s3_endpoint, tmp_path, case) -> None:
+    """No coordination of the commits: refused before a JVM starts. A DynamoDB endpoint that does not answer:
+    refused when the session is built, naming the setting, not at the first commit."""
+    sections = _coordinated_config(tmp_path, f"bad{case[:4]}", s3_endpoint)
+    if case == "uncoordinated":
+        sections["paths"] = {"storage_uri": sections["paths"]["storage_uri"]}
+        reason = "paths.s3_single_writer = true"
+    else:
+        sections["paths"]["dynamodb_endpoint"] = f"http://127.0.0.1:{test_cluster_s3._free_port()}"
+        reason = f"the DynamoDB log store (paths.dynamodb_table = '{DDB_TABLE}'): cannot reach DynamoDB"
+    config = write_config_file(make_config(tmp_path / "data", **sections), tmp_path / "kdq.toml")
+    started = time.monotonic()
+    process = _start_kdq(config, "job", "maintenance")
+    out, err = process.communicate(timeout=JOB_TIMEOUT)
+    print(f"{case}: exit {process.returncode} in {time.monotonic() - started:.0f} s", flush=True)
+    assert process.returncode != 0 and reason in out + err, (out + err)[-4000:]
