@@ -80,7 +80,7 @@ fetch_jars kafka jvm/kafka-broker -DincludeScope=runtime
 fetch_jars spark jvm/spark-connectors -DexcludeTransitive=true
 
 # S3A (tables and checkpoints on s3a://, docs/cluster.md), only on demand: KDQ_SETUP_S3=1 (`make setup-s3`,
-# `make test-cluster`). hadoop-aws at pyspark's Hadoop version and the AWS SDK v2 modules it uses (13 MB),
+# `make test-cluster`). hadoop-aws at pyspark's Hadoop version and the AWS SDK v2 modules it uses (17 MB),
 # not the SDK bundle (every service, ~600 MB), and its DynamoDB module; minus what pyspark/jars already holds (see
 # the pom). Then kdq's DynamoDB log store (jvm/hadoop-aws/kdq-dynamodb: Delta commits of concurrent writers on
 # s3a:// coordinated through DynamoDB), built into the same folder.
