@@ -19,9 +19,12 @@ setup-s3:
 ## run: the whole product locally: Kafka, InfluxDB, Airflow standalone (UI), the speed layer started by
 ## its supervisor DAG, demo traffic. Stays in the foreground; Ctrl-C (or `make stop`) stops everything.
 ## Demo options: make run DEMO="--rate 200 --late 0.05"
+## On the cluster shape (3 Kafka brokers at RF 3, a Spark standalone master with 2 workers running the stream,
+## the SQL endpoint and Airflow's jobs; docs/cluster.md): make run CLUSTER=1
 DEMO ?=
+CLUSTER ?=
 run: setup
-	@$(KDQ) run --demo-args="$(DEMO)"
+	@$(KDQ) run --demo-args="$(DEMO)"$(if $(CLUSTER), --cluster)
 
 ## stop: stop everything `make run` started (demo traffic, Airflow, the stream, InfluxDB, Kafka)
 stop:

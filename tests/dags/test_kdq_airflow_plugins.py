@@ -189,3 +189,37 @@ def test_airflow_submits_like_the_cli_with_secrets_off_the_command_line(monkeypa
     assert command[command.index("--jars") + 1] == parts.jars
     assert command[command.index("--properties-file") + 1] == str(parts.properties_file)
     assert "s3cr3t-81bd" not in " ".join(command) and "s3cr3t-81bd" in parts.properties_file.read_text()
+
+
+@pytest.mark.parametrize(
+    ("recorded", "master"),
+    [
+        ({}, "local[2]"),  # `kdq run`: the configured local master
+        ({"cluster": True, "spark_master": "spark://127.0.0.1:7111"}, "spark://127.0.0.1:7111"),  # `kdq run --cluster`
+    ],
+)
+def test_local_airflow_spark_default_names_the_stacks_master(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, recorded: dict, master: str
+) -> None:
+    """`kdq run`'s spark_default, as the Spark provider resolves it (SparkSubmitHook._resolve_connection): the
+    master every kdq job of the data folder uses, client mode. On the cluster shape Airflow's environment also
+    caps the stream (the supervisor's tasks load the config themselves)."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from kdq.config import load_config
+    from kdq.stack.airflow import LocalAirflow
+
+    config = make_config(tmp_path, spark={"master": "local[2]"})
+    config.state_file.parent.mkdir(parents=True, exist_ok=True)
+    config.state_file.write_text(json.dumps(recorded))
+    env = LocalAirflow(config, 8999).env()
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    resolved = SparkSubmitHook(conn_id="spark_default")._connection
+    assert (resolved["master"], resolved["deploy_mode"]) == (master, "client")
+    tasks = load_config(
+        path=Path(config.source),
+        env={k: v for k, v in env.items() if k.startswith("KDQ_")},
+        overrides={"paths": {"data_dir": str(tmp_path)}},
+    )
+    cluster = bool(recorded)
+    assert (tasks.spark.stream_cores_max, tasks.spark.sql_endpoint_cores_max) == ((1, 1) if cluster else (0, 0))

@@ -69,3 +69,27 @@ def test_cluster_ports_are_recorded_beside_the_single_stack_ones(tmp_path) -> No
     assert {"kafka2_port", "kafka3_controller_port", "spark_master_port", "spark_worker2_ui_port"} <= extra
     assert len(set(cluster.values())) == len(cluster), "every port distinct"
     assert config.local_state()["spark_master_port"] == cluster["spark_master_port"]
+
+
+def test_the_products_cluster_has_bigger_workers_and_capped_long_running_apps(tmp_path) -> None:
+    """`kdq run --cluster` (LocalStack product=True): workers offer PRODUCT_WORKER_CORES, the SQL endpoint's
+    application is capped (a configured cap is kept); the bare shape (`kdq up --cluster`, the tests, the
+    cluster benchmark) keeps 1-core workers and no endpoint. Nothing is started."""
+    from kdq.spark.submit import cores_max
+    from kdq.stack.manager import LocalStack
+    from kdq.stack.spark_cluster import PRODUCT_WORKER_CORES, WORKER_CORES, product_caps, product_caps_env
+
+    config = make_config(tmp_path)
+    product = LocalStack(config, with_sql_endpoint=True, cluster=True, product=True)
+    assert product.spark.worker_cores == PRODUCT_WORKER_CORES > WORKER_CORES == 1
+    assert product.with_sql_endpoint and cores_max(product.sql_endpoint.config, "sql_endpoint") == 1
+    bare = LocalStack(config, with_sql_endpoint=True, cluster=True)
+    assert bare.spark.worker_cores == WORKER_CORES and not bare.with_sql_endpoint
+    assert cores_max(bare.sql_endpoint.config, "sql_endpoint") == 0
+    assert LocalStack(config, with_sql_endpoint=True, cluster=False, product=True).with_sql_endpoint
+    assert product_caps(config) == {"stream_cores_max": 1, "sql_endpoint_cores_max": 1}
+    configured = make_config(tmp_path, spark={"stream_cores_max": 2})
+    assert product_caps_env(configured) == {
+        "KDQ_SPARK__STREAM_CORES_MAX": "2",
+        "KDQ_SPARK__SQL_ENDPOINT_CORES_MAX": "1",
+    }

@@ -10,6 +10,9 @@ Sizing, for a 2-core laptop that also runs Kafka, InfluxDB and Spark: Airflow's 
 processes (about 5.5 GB); here the LocalExecutor has 2 worker slots (``[core] parallelism``, so at most
 two Spark jobs at once), the API server 1 worker and the DAG processor 1 parsing process.
 
+On the cluster shape (``kdq run --cluster``) the ``spark_default`` connection names the stack's standalone
+master, and Airflow's environment caps the stream's cores (:func:`kdq.stack.spark_cluster.product_caps`).
+
 The hourly DAG's start date: see ``plugins/kdq_airflow/defaults.py``. Locally it is the hour Airflow was
 first started in this data folder, moved forward to at most ``KDQ_AIRFLOW_CATCHUP_HOURS`` (default 2)
 full hours before the current one on a later start, so a fresh ``make run`` queues no catch-up runs and a
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -37,6 +41,7 @@ import requests
 
 from kdq.config import Config
 from kdq.stack.procs import ManagedProcess, StackError, free_port, port_open, wait_until
+from kdq.stack.spark_cluster import product_caps_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 PORT_ENV = "KDQ_AIRFLOW_PORT"
@@ -65,9 +70,19 @@ def local_start_date(first_start: datetime, now: datetime, catchup_hours: int = 
 
 
 def spark_connection(config: Config) -> str:
-    """``spark_default`` for the local master (``local[2]``): the Spark provider reads a host without a
-    scheme or port as the master URL itself."""
-    return json.dumps({"conn_type": "spark", "host": config.spark.master, "extra": {"deploy-mode": "client"}})
+    """``spark_default``: the master every kdq job of this data folder uses (``Config.spark_master``: the
+    loopback standalone master while the stack is a cluster, else ``spark.master``), client mode.
+
+    In the Spark provider's own formats (``SparkSubmitHook._resolve_connection``): a standalone master
+    ``spark://host:port`` as the URI ``spark://host:port?deploy-mode=client`` (conn type ``spark``, host and
+    port; the compose deployment's ``AIRFLOW_CONN_SPARK_DEFAULT``); any other master (``local[2]``, ``yarn``,
+    ``k8s://...``, several standalone masters) as a ``spark`` connection whose host is the master URL itself
+    and which has no port."""
+    master = config.spark_master()
+    standalone = re.fullmatch(r"spark://([^:/,?#]+):(\d+)", master)
+    if standalone:
+        return f"spark://{standalone.group(1)}:{standalone.group(2)}?deploy-mode=client"
+    return json.dumps({"conn_type": "spark", "host": master, "extra": {"deploy-mode": "client"}})
 
 
 class AirflowApi:
@@ -203,6 +218,10 @@ class LocalAirflow:
             "AIRFLOW_CONN_SPARK_DEFAULT": spark_connection(self.config),
             START_DATE_ENV: self.start_date(),
         }
+        if self.config.local_state().get("cluster"):
+            # The stream the supervisor submits to the stack's standalone master gets its core cap from here
+            # (the tasks load the config themselves); see kdq.stack.spark_cluster.product_caps.
+            env |= product_caps_env(self.config)
         # child_env names this stack's config file in KDQ_CONFIG: the DAGs' tasks load the same one.
         return {**env, **self.extra_env}
 
@@ -328,11 +347,16 @@ def print_banner(stack: Any) -> None:
     from kdq.traffic import demo_process
 
     airflow = stack.airflow
+    spark = getattr(stack, "spark", None)
+    shape = (
+        f"\n  Spark        {spark.url}   (standalone master, {len(spark.workers)} workers; UI {spark.ui_url})"
+        if spark is not None else ""
+    )
     print(
         f"""
-kdq runs locally (data in {stack.config.data_dir}):
+kdq runs locally{" on the cluster shape (docs/cluster.md)" if spark is not None else ""} (data in {stack.config.data_dir}):
   Airflow UI   {airflow.url}   login: {USERNAME} / {airflow.password()}
-  Kafka        {stack.kafka.bootstrap}
+  Kafka        {stack.kafka.bootstrap}{shape}
   InfluxDB     {stack.influx.url}   (database {stack.config.influxdb.database})
   logs         {airflow.process.log_file}
                {stream_process(stack.config).log_file}

@@ -18,7 +18,7 @@ from kdq.stack.airflow import LocalAirflow
 from kdq.stack.influx import LocalInflux
 from kdq.stack.kafka import LocalKafka
 from kdq.stack.procs import StackError, port_open, quiet_port
-from kdq.stack.spark_cluster import LocalSparkCluster
+from kdq.stack.spark_cluster import PRODUCT_WORKER_CORES, WORKER_CORES, LocalSparkCluster, with_product_caps
 from kdq.stack.sql_endpoint import LocalSqlEndpoint
 from kdq.storage import tables_location
 
@@ -75,19 +75,28 @@ def _ports(config: Config, cluster: bool = False) -> dict[str, int]:
 
 
 class LocalStack:
-    def __init__(self, config: Config, with_sql_endpoint: bool = False, cluster: bool | None = None) -> None:
+    def __init__(
+        self, config: Config, with_sql_endpoint: bool = False, cluster: bool | None = None, product: bool = False
+    ) -> None:
         """``with_sql_endpoint``: `up` also starts the always-on SQL endpoint (`kdq up`, `kdq run`); jobs and
         tests that only need the broker and InfluxDB leave it out (it is a Spark driver of its own).
 
         ``cluster``: the stack's shape, three Kafka brokers and a Spark standalone cluster (True) or one
         broker with Spark in local mode (False); None is the shape recorded by the last `up` (`status`,
-        `down` and the jobs follow what runs)."""
+        `down` and the jobs follow what runs).
+
+        ``product``: the stack of `kdq run`, where the stream and the SQL endpoint run for good beside the
+        batch jobs. On the cluster shape its workers offer more cores
+        (:data:`~kdq.stack.spark_cluster.PRODUCT_WORKER_CORES`) and the endpoint is an application of the
+        master with a core cap (:func:`~kdq.stack.spark_cluster.product_caps`; Airflow's environment caps
+        the stream the same way). Without it the cluster shape is the bare one of `kdq up --cluster`, the
+        tests and the cluster benchmark: 1-core workers and no SQL endpoint (an always-on application would
+        hold one of the two cores)."""
         self.config = config
         recorded = bool(config.local_state().get("cluster"))
         self.cluster = recorded if cluster is None else cluster
-        # Not on the cluster (yet): a standalone application takes every free core by default, so an
-        # always-on endpoint would leave the stream's executors waiting on this 2-worker cluster.
-        self.with_sql_endpoint = with_sql_endpoint and not self.cluster
+        self.product = product
+        self.with_sql_endpoint = with_sql_endpoint and (product or not self.cluster)
         ports = _ports(config, self.cluster)
         extra_nodes = [
             (ports[f"kafka{n}_port"], ports[f"kafka{n}_controller_port"]) for n in range(2, CLUSTER_KAFKA_NODES + 1)
@@ -98,14 +107,21 @@ class LocalStack:
             self.spark = LocalSparkCluster(
                 config, ports["spark_master_port"], ports["spark_master_ui_port"],
                 [ports[f"spark_worker{i}_ui_port"] for i in range(1, CLUSTER_SPARK_WORKERS + 1)],
+                worker_cores=PRODUCT_WORKER_CORES if product else WORKER_CORES,
             )
+            if not product and self.spark.master.running():
+                # A worker restarted by a later `kdq up --cluster` joins the running cluster in its shape.
+                self.spark.worker_cores = int(config.local_state().get("spark_worker_cores") or WORKER_CORES)
         self.influx = LocalInflux(config, ports["influx_port"], ports["influx_rpc_port"])
         # Started by `make run` (kdq run), not by `up`: the stack alone is what tests and jobs need.
         self.airflow = LocalAirflow(config, ports["airflow_port"])
-        self.sql_endpoint = LocalSqlEndpoint(config, ports["sql_connect_port"], ports["sql_thrift_port"])
+        # On the cluster the endpoint is an application of the master: capped, or it would take every core.
+        endpoint_config = with_product_caps(config) if self.cluster and product else config
+        self.sql_endpoint = LocalSqlEndpoint(endpoint_config, ports["sql_connect_port"], ports["sql_thrift_port"])
 
     def up(self) -> list[ComponentStatus]:
         """Start what is not running and wait until healthy. Starting twice is harmless."""
+        self.check_shape()
         self._record_shape()
         if self.spark is not None:
             # Before the SQL endpoint: a local[...] master of this folder now resolves to it.
@@ -118,14 +134,17 @@ class LocalStack:
         if self.config.influxdb.enabled:
             self.influx.start()
         if self.with_sql_endpoint:
-            self.sql_endpoint.wait()
+            # On the cluster its session also waits for an executor of the master.
+            self.sql_endpoint.wait(timeout=480 if self.cluster else 240)
         return self.status()
 
-    def _record_shape(self) -> None:
-        """Record the shape in the state file (what `status`, `down`, Config.kafka_bootstrap and
-        Config.spark_master follow); refuse to change it over a running stack or formatted Kafka data."""
+    def check_shape(self) -> None:
+        """Raise StackError, before anything starts, when this shape cannot start here: the stack of the other
+        shape runs, the Kafka data was formatted for another quorum, or `kdq run --cluster` meets workers
+        started by `kdq up --cluster` (1 core each: the stream and the SQL endpoint would hold both, and
+        every batch job would wait)."""
         state = self.config.local_state()
-        nodes = len(self.kafka.nodes)
+        command = f"kdq {'run' if self.product else 'up'}{' --cluster' if self.cluster else ''}"
         if bool(state.get("cluster")) != self.cluster:
             other = LocalStack(self.config, cluster=not self.cluster)
             running = [n.process.name for n in other.kafka.nodes if n.process.running()]
@@ -134,20 +153,42 @@ class LocalStack:
             if running:
                 raise StackError(
                     f"the stack of {self.config.data_dir} runs as a {'cluster' if not self.cluster else 'single broker'}"
-                    f" ({', '.join(running)}): stop it with `kdq down` before `kdq up"
-                    f"{' --cluster' if self.cluster else ''}`"
+                    f" ({', '.join(running)}): stop it with `kdq down` before `{command}`"
                 )
-        state = self.config.local_state()
+        nodes = len(self.kafka.nodes)
         formatted = int(state.get("kafka_nodes") or 0)
         if formatted and formatted != nodes and (self.kafka.home / "data" / "meta.properties").exists():
             raise StackError(
                 f"the Kafka data in {self.config.data_dir} belongs to a {formatted}-node quorum, not {nodes}: "
                 f"use another data folder, or delete {self.config.data_dir}/kafka* (its topics are lost)"
             )
-        shape = {"cluster": self.cluster, "kafka_nodes": nodes}
-        if self.cluster:
-            shape |= {"kafka_bootstrap": self.kafka.bootstrap, "spark_master": self.spark.url}
-        new_state = {k: v for k, v in state.items() if k not in ("kafka_bootstrap", "spark_master")} | shape
+        spark = self.spark
+        if spark is None or not self.product or not spark.master.running():
+            return
+        try:
+            offered = spark.offered_cores()
+        except Exception:  # the master not answering: start() waits for it and says so
+            return
+        if offered and offered != {spark.worker_cores}:
+            raise StackError(
+                f"the Spark workers of {self.config.data_dir} offer {', '.join(map(str, sorted(offered)))} core(s) "
+                f"each (started by `kdq up --cluster`); `{command}` needs {spark.worker_cores} per worker for the "
+                "stream, the SQL endpoint and the batch jobs beside each other: stop it with `kdq down` first"
+            )
+
+    def _record_shape(self) -> None:
+        """Record the shape in the state file (what `status`, `down`, Config.kafka_bootstrap and
+        Config.spark_master follow), once :meth:`check_shape` allowed it."""
+        state = self.config.local_state()
+        shape = {"cluster": self.cluster, "kafka_nodes": len(self.kafka.nodes)}
+        if self.spark is not None:
+            shape |= {
+                "kafka_bootstrap": self.kafka.bootstrap,
+                "spark_master": self.spark.url,
+                "spark_worker_cores": self.spark.worker_cores,
+            }
+        cluster_keys = ("kafka_bootstrap", "spark_master", "spark_worker_cores")
+        new_state = {k: v for k, v in state.items() if k not in cluster_keys} | shape
         if new_state != state:
             self.config.state_file.parent.mkdir(parents=True, exist_ok=True)
             self.config.state_file.write_text(json.dumps(new_state, indent=2))

@@ -7,7 +7,10 @@ connector jars with ``--jars`` (kdq.spark.submit), and the executors' Python is 
 (``spark.pyspark.python``). Tables and checkpoints stay local paths: every JVM runs on this machine.
 
 Sized for a 2-core machine: each worker offers 1 core and 2 GB, so one application gets two 1-core
-executors. The web UIs bind recorded quiet ports (the master's is its health probe: ``/json``).
+executors. The whole product on this shape (``kdq run --cluster``) keeps two applications for good (the
+stream and the SQL endpoint) beside the batch jobs: its workers offer :data:`PRODUCT_WORKER_CORES` cores each
+and those two applications are capped (:func:`product_caps`); see docs/cluster.md. The web UIs bind recorded
+quiet ports (the master's is its health probe: ``/json``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,14 @@ from kdq.stack.procs import ManagedProcess, StackError, port_open, wait_until
 
 WORKER_CORES = 1
 WORKER_MEMORY = "2g"
+# `kdq run --cluster`: the stream (1 core) and the SQL endpoint (1 core) never give their executors back, and
+# the hourly recompute, rebuilds and maintenance need cores beside them. A standalone worker's --cores is what
+# it offers the master, not what the machine has: 2 x 2 leaves two 1-core executors for the batch jobs. Each
+# worker's 2 GB still holds two 1 GB executors, so memory is not oversubscribed, only the 2 CPUs, which every
+# process of this stack shares anyway.
+PRODUCT_WORKER_CORES = 2
+# spark.cores.max of each long-running application of the product on this cluster (when not configured).
+PRODUCT_LONG_RUNNING_CORES = 1
 # Heap of the master and worker daemons themselves (executors get spark.executor.memory).
 DAEMON_MEMORY = "384m"
 
@@ -35,9 +46,40 @@ def spark_home() -> Path:
     return home
 
 
+CAPPED_KEYS = ("stream_cores_max", "sql_endpoint_cores_max")
+
+
+def product_caps(config: Config) -> dict[str, int]:
+    """``spark.stream_cores_max`` and ``spark.sql_endpoint_cores_max`` of the product on the loopback cluster:
+    as configured, else :data:`PRODUCT_LONG_RUNNING_CORES`. 0 (no cap) is not kept: an uncapped stream or
+    endpoint takes every free core and holds it, and the batch jobs would wait forever."""
+    return {key: getattr(config.spark, key) or PRODUCT_LONG_RUNNING_CORES for key in CAPPED_KEYS}
+
+
+def with_product_caps(config: Config) -> Config:
+    """``config`` with :func:`product_caps` (for the processes this one submits itself: the SQL endpoint)."""
+    return config.model_copy(update={"spark": config.spark.model_copy(update=product_caps(config))})
+
+
+def product_caps_env(config: Config) -> dict[str, str]:
+    """:func:`product_caps` as ``KDQ_SPARK__*`` variables, for the environment of Airflow, whose tasks load
+    the config themselves and submit the stream (the supervisor) and the batch jobs."""
+    return {f"KDQ_SPARK__{key.upper()}": str(value) for key, value in product_caps(config).items()}
+
+
 class LocalSparkCluster:
-    def __init__(self, config: Config, master_port: int, master_ui_port: int, worker_ui_ports: list[int]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        master_port: int,
+        master_ui_port: int,
+        worker_ui_ports: list[int],
+        worker_cores: int = WORKER_CORES,
+    ) -> None:
+        """``worker_cores``: what each worker started here offers the master (:data:`WORKER_CORES`;
+        :data:`PRODUCT_WORKER_CORES` for ``kdq run --cluster``)."""
         self.config = config
+        self.worker_cores = worker_cores
         self.master_port = master_port
         self.master_ui_port = master_ui_port
         self.worker_ui_ports = list(worker_ui_ports)
@@ -98,6 +140,10 @@ class LocalSparkCluster:
     def alive_workers(self) -> int:
         return sum(1 for w in self.status().get("workers", []) if w.get("state") == "ALIVE")
 
+    def offered_cores(self) -> set[int]:
+        """The cores each alive worker offers, as the master sees them."""
+        return {int(w.get("cores") or 0) for w in self.status().get("workers", []) if w.get("state") == "ALIVE"}
+
     def healthy(self) -> bool:
         if not port_open(self.master_port):
             return False
@@ -134,7 +180,7 @@ class LocalSparkCluster:
             worker.start(
                 self._command(
                     worker, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                    "--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY, "--webui-port", str(ui_port),
+                    "--cores", str(self.worker_cores), "--memory", WORKER_MEMORY, "--webui-port", str(ui_port),
                     "--work-dir", str(work_dir), self.url,
                 ),
                 env=self._env(), cwd=work_dir,
