@@ -45,9 +45,10 @@ test-integration: setup
 
 ## test-cluster: the cluster shape of the stack (3 Kafka brokers at RF 3, Spark standalone master + 2 workers;
 ## docs/cluster.md): the seed example, then the hourly recompute and a rebuild, submitted to the master; a
-## broker killed mid-stream; a worker killed mid-batch of a 100k-record run (test_cluster.py: ~13 min quiet,
-## 20-30 min on a loaded machine); tables and checkpoints on s3a:// (an S3 server on loopback, test_cluster_s3.py).
-## Every test marked `cluster`.
+## broker killed mid-stream; a worker killed mid-batch of a 100k-record run (test_cluster.py); the whole product
+## (kdq run --cluster, test_cluster_product.py); tables and checkpoints on s3a:// with concurrent writers (S3 and
+## DynamoDB on loopback, test_cluster_s3.py, test_s3_concurrent_writers.py). Every test marked `cluster`:
+## 16 tests, 34.5 min on the quiet machine (docs/cluster.md "Tests").
 ## On demand, not part of `make test` (CI's time budget); its results are in docs/cluster.md.
 test-cluster: setup-s3
 	@$(PY) -m pytest tests/integration -q -m cluster -s
