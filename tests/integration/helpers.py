@@ -7,7 +7,9 @@ import json
 import time
 import uuid
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import requests
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -15,6 +17,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kdq.config import Config
 from kdq.stack.manager import LocalStack
 from tests.conftest import make_config
+
+if TYPE_CHECKING:
+    from kdq.stack.airflow import LocalAirflow
 
 W0 = 1_700_000_000_000
 
@@ -194,6 +199,20 @@ def write_config_file(config: Config, path: Path) -> Config:
                 lines.append(f"{key} = {_toml_value(value)}")
     path.write_text("\n".join(lines) + "\n")
     return load_config(path=path, env={})
+
+
+def dags_test(airflow: LocalAirflow, dag_id: str, logical_date: datetime, timeout: float = 600) -> str:
+    """`airflow dags test <dag> <logical date>`: the run must succeed; returns its output.
+
+    The DAG is paused first when Airflow's scheduler runs: it examines the running runs of unpaused DAGs
+    only, and would otherwise queue this run's tasks too, racing the test's in-process task runner
+    (``TaskAlreadyRunningError``: "TI was not in a state where it could be marked as running").
+    """
+    if airflow.process.running():
+        response = airflow.api().request("PATCH", f"dags/{dag_id}", json={"is_paused": True})
+        response.raise_for_status()
+    done = airflow.cli("dags", "test", dag_id, logical_date.isoformat(), timeout=timeout)
+    return done.stdout + done.stderr
 
 
 def wait_for(check, timeout: float, what: str, interval: float = 1.0):

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from kdq.stream_process import stop_stream, stream_process
 from tests.integration.helpers import (
     W0,
+    dags_test,
     expected_counts,
     influx_points,
     latest_metrics,
@@ -47,12 +48,6 @@ def _stop_the_stream_after_the_module(airflow_local):
     stop_stream(airflow_local.config, timeout=60)
 
 
-def dags_test(airflow_local, dag_id: str, logical_date: datetime, timeout: float = 600) -> str:
-    """`airflow dags test <dag> <logical date>`: the run must succeed; returns its output."""
-    done = airflow_local.airflow.cli("dags", "test", dag_id, logical_date.isoformat(), timeout=timeout)
-    return done.stdout + done.stderr
-
-
 def archive_rows(spark, config, topic: str):
     return spark.read.format("delta").load(str(config.tables_dir / "raw_archive")).where(F.col("topic") == topic)
 
@@ -73,7 +68,7 @@ def test_supervisor_restarts_a_killed_stream_and_counts_stay_exact(spark, local_
         produce(config.kafka_bootstrap(), topic, [(p, GOOD if ok else BAD, ts) for p, ok, ts in records])
         produced.extend((ts, ok) for _, ok, ts in records)
 
-    dags_test(airflow_local, "kdq_stream_supervisor", datetime.now(UTC))
+    dags_test(airflow_local.airflow, "kdq_stream_supervisor", datetime.now(UTC))
     first = stream_process(config).process()
     assert first is not None, "the supervisor did not start the stream"
     send(_wave(int(time.time() * 1000), 60))
@@ -85,7 +80,7 @@ def test_supervisor_restarts_a_killed_stream_and_counts_stay_exact(spark, local_
     assert stream_process(config).process() is None
     send(_wave(int(time.time() * 1000), 45))  # produced while nothing consumes
 
-    dags_test(airflow_local, "kdq_stream_supervisor", datetime.now(UTC) + timedelta(seconds=1))
+    dags_test(airflow_local.airflow, "kdq_stream_supervisor", datetime.now(UTC) + timedelta(seconds=1))
     second = stream_process(config).process()
     assert second is not None and second.pid != first.pid, "the supervisor did not restart the stream"
     truth = expected_counts(topic, produced)
@@ -103,7 +98,7 @@ def test_hourly_dag_corrects_records_too_late_for_the_stream(spark, local_stack,
     topic = f"{airflow_local.prefix}-orders"
     local_stack.kafka.create_topic(topic, partitions=3)
     if stream_process(config).process() is None:  # run alone: the supervisor starts the stream
-        dags_test(airflow_local, "kdq_stream_supervisor", datetime.now(UTC))
+        dags_test(airflow_local.airflow, "kdq_stream_supervisor", datetime.now(UTC))
     produced: list[tuple[int, bool]] = []
 
     def send(records: list[tuple[int, bool, int]]) -> None:
@@ -129,7 +124,7 @@ def test_hourly_dag_corrects_records_too_late_for_the_stream(spark, local_stack,
     [hour] = hours
 
     # A manual run (what `dags test` makes) recomputes the last full hour before its logical date.
-    output = dags_test(airflow_local, "kdq_hourly_recompute", hour + timedelta(hours=1))
+    output = dags_test(airflow_local.airflow, "kdq_hourly_recompute", hour + timedelta(hours=1))
     truth = expected_counts(topic, produced)
     assert window_counts(spark, config, topic) == truth == {
         (topic, W0, "valid"): 6, (topic, W0, "invalid"): 1, (topic, W1, "invalid"): 2,

@@ -27,7 +27,7 @@ from kdq.stack.procs import port_open
 from kdq.stack.sql_endpoint import LocalSqlEndpoint
 from kdq.stream_process import stop_stream, stream_process
 from tests.conftest import PROJECT_ROOT
-from tests.integration.helpers import expected_counts, produce, wait_for, window_counts
+from tests.integration.helpers import dags_test, expected_counts, produce, wait_for, window_counts
 
 pytestmark = pytest.mark.integration
 
@@ -54,11 +54,6 @@ def endpoint(airflow_local, request) -> Iterator[LocalSqlEndpoint]:
         while time.monotonic() < deadline and (port_open(endpoint.connect_port) or port_open(endpoint.thrift_port)):
             time.sleep(0.5)
         assert not endpoint.process.running()
-
-
-def dags_test(airflow, dag_id: str, logical_date: datetime) -> str:
-    done = airflow.cli("dags", "test", dag_id, logical_date.isoformat(), timeout=600)
-    return done.stdout + done.stderr
 
 
 def browser():
