@@ -13,7 +13,9 @@ The batch layer for one hour of **ingest time**, the run's data interval `[logic
 3. `influx_catch_up`: pushes every window updated since the first failed InfluxDB push of the stream or
    of step 2; succeeds at once, without a Spark job, when nothing is pending.
 4. `reconcile`: offsets and counts of the interval checked against Kafka and the archive; fails the
-   run when there is a gap or a mismatch.
+   run when there is a gap or a mismatch. The counts check covers the windows of the interval and every
+   window its late rows touched; rows too late for the stream that arrived after the interval ended are
+   the next run's to count, so they are no mismatch here (`--after-recompute`).
 
 Every task reads and writes only its interval and is idempotent (re-running changes nothing), so
 catchup is on, and a range is recomputed with
@@ -57,6 +59,6 @@ with DAG(
     reconcile = KdqSparkJobOperator(
         task_id="reconcile",
         job="reconcile",
-        job_args=["--from={{ data_interval_start }}", "--to={{ data_interval_end }}"],
+        job_args=["--from={{ data_interval_start }}", "--to={{ data_interval_end }}", "--after-recompute"],
     )
     recompute >> push >> catch_up >> reconcile

@@ -1,7 +1,7 @@
 """Reconciliation check: does the archive hold every Kafka offset, and do window_counts match the archive?
 
     spark-submit spark_jobs/reconcile.py [--config kdq.toml] [--topics a,b | --pattern 're'] \
-        [--from 2023-11-14T22:00:00Z --to 2023-11-14T23:00:00Z]
+        [--from 2023-11-14T22:00:00Z --to 2023-11-14T23:00:00Z [--after-recompute]]
 
 Two checks: every Kafka offset of the range is in the archive (gaps read back
 from Kafka with a read_committed consumer, so transaction markers and aborted
@@ -32,11 +32,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     which.add_argument("--pattern", help="regex (full match) over topic names; default: kafka.topic_include/exclude")
     parser.add_argument("--from", dest="from_ms", type=time_arg, help="range start (inclusive); default: everything")
     parser.add_argument("--to", dest="to_ms", type=time_arg, help="range end (exclusive); default: everything")
+    parser.add_argument(
+        "--after-recompute",
+        action="store_true",
+        help="the range is also the ingest interval an hourly recompute has just finished (the hourly DAG's "
+        "check): leave out rows a later interval's recompute counts, and also check the windows outside the "
+        "range that the interval's late rows touched",
+    )
     args = parser.parse_args(argv)
     if (args.from_ms is None) != (args.to_ms is None):
         parser.error("--from and --to go together")
     if args.from_ms is not None and args.from_ms >= args.to_ms:
         parser.error("--from must be before --to")
+    if args.after_recompute and args.from_ms is None:
+        parser.error("--after-recompute needs --from and --to (the interval)")
     return args
 
 
@@ -51,6 +60,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> ReconcileReport:
         pattern=getattr(args, "pattern", None),
         from_ms=getattr(args, "from_ms", None),
         to_ms=getattr(args, "to_ms", None),
+        after_recompute=getattr(args, "after_recompute", False),
     )
 
 

@@ -208,7 +208,9 @@ class ReconcileReport(JobReport):
     inclusive) and ``holes_without_records`` (offsets no read_committed reader sees). Totals:
     ``partitions_checked``, ``partitions_with_gaps``, ``missing_offsets``, ``duplicate_offsets``;
     ``count_mismatches`` with the first 100 in ``mismatches``. ``ok`` is false on any gap, duplicate or
-    mismatch.
+    mismatch. With ``after_recompute`` (the hourly DAG's check), ``pending_rows`` archive rows of the range
+    were left out because a later interval's recompute counts them, and ``late_windows_checked`` windows
+    outside the range that the interval's late rows touched were checked too.
     """
 
     from_: str | None = field(default=None, metadata={"json": "from"})
@@ -220,6 +222,9 @@ class ReconcileReport(JobReport):
     duplicate_offsets: int = 0
     count_mismatches: int = 0
     mismatches: list[dict] = field(default_factory=list)
+    after_recompute: bool = False
+    pending_rows: int = 0
+    late_windows_checked: int = 0
     problems: list[dict] = field(default_factory=list)
     partitions: list[dict] = field(default_factory=list)
 

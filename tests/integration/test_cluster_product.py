@@ -46,9 +46,8 @@ HOURLY = "kdq_hourly_recompute"
 SUPERVISOR = "kdq_stream_supervisor"
 STREAM_APP, ENDPOINT_APP = "kdq-speed-layer", "kdq-sql-endpoint"
 GOOD, BAD = json.dumps({"id": 1}).encode(), b"{oops"
-# Low demo traffic, and none of it later than the allowed lateness: the reconcile task of the hourly run
-# compares window_counts with the archive over the run's interval, and a demo record arriving after the
-# recompute with an event time in that interval would be a (correct) mismatch.
+# Low demo traffic, and none of it later than the allowed lateness: the hourly run's late record (its
+# corrections, its push) is the test's own.
 DEMO_ARGS = "--rate 5 --late 0 --seed 16"
 
 CONNECT_QUERY = """

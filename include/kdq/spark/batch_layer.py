@@ -68,7 +68,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config, StreamConfig
@@ -148,10 +148,22 @@ def late_windows(archive_df: DataFrame, start_ms: int, end_ms: int) -> DataFrame
     """
     return (
         archive_df.where((F.col("ingest_time") >= _ts(start_ms)) & (F.col("ingest_time") < _ts(end_ms)))
-        .where(~F.col("counted") | (F.coalesce(F.col("source"), F.lit("")) != STREAM_SOURCE))
+        .where(counted_by_batch_layer())
         .select("topic", "window_start")
         .distinct()
     )
+
+
+def counted_by_batch_layer() -> Column:
+    """Archive rows the hourly recompute of their ingest interval counts: those the stream did not count
+    (too late), and those another job loaded (``source <> 'stream'``)."""
+    return ~F.col("counted") | (F.coalesce(F.col("source"), F.lit("")) != STREAM_SOURCE)
+
+
+def settled_rows(archive_df: DataFrame, recomputed_before_ms: int) -> DataFrame:
+    """The archive as window_counts reflects it once every interval before ``recomputed_before_ms`` is
+    recomputed: without the rows a later interval's recompute will count (ingested at or after it)."""
+    return archive_df.where(~(counted_by_batch_layer() & (F.col("ingest_time") >= _ts(recomputed_before_ms))))
 
 
 def _window_hours(windows_df: DataFrame) -> list[str]:
@@ -198,7 +210,7 @@ def recompute_counts(
 # -- Delta side effects ----------------------------------------------------------------------------
 
 
-def _diff(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[dict]:
+def count_differences(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[dict]:
     """Rows of (topic, window, status) whose recomputed count differs from window_counts.
 
     Both statuses of every recomputed window are compared, so a status that
@@ -431,7 +443,7 @@ def _apply_once(
     reason: str,
     app_id: str,
 ) -> list[dict]:
-    changed = _diff(spark, config, new_counts)
+    changed = count_differences(spark, config, new_counts)
     if not changed:
         log.info("interval %s..%s: window_counts already equal the recomputation", iso(interval[0]), iso(interval[1]))
         return []
@@ -466,7 +478,7 @@ def late_reason_counts(archive_df: DataFrame, start_ms: int, end_ms: int, reason
     :func:`late_windows` picks), per (topic, coarse window, reason), each record once."""
     rows = (
         archive_df.where((F.col("ingest_time") >= _ts(start_ms)) & (F.col("ingest_time") < _ts(end_ms)))
-        .where(~F.col("counted") | (F.coalesce(F.col("source"), F.lit("")) != STREAM_SOURCE))
+        .where(counted_by_batch_layer())
     )
     return transforms.reason_counts(transforms.one_row_per_record(rows), reasons_window_seconds)
 

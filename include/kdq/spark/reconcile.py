@@ -19,7 +19,11 @@ exits 1, a failed Airflow task, when either finds a problem):
   archive row (counted or not, like the batch layer) for windows starting in
   the range (event time; the Kafka time of the range when no event-time field
   is configured). Every (topic, window, status) that differs is a mismatch
-  (the first 100 are listed).
+  (the first 100 are listed). After an hourly recompute of the ingest
+  interval [from, to) (``after_recompute``, the hourly DAG's check), rows
+  too late for the stream that arrived after ``to`` are left out (the next
+  interval's recompute counts them), and the windows its late rows touched
+  outside [from, to) are checked too.
 
 Reads only the ``topic``/``partition``/``offset`` columns of the archive for
 the offset check, and the range's ``event_hour`` partitions for the counts.
@@ -147,29 +151,63 @@ def _runs(offsets: list[int]) -> list[list[int]]:
     return runs[:MAX_LISTED]
 
 
-def count_mismatches(spark, config: Config, topics: list[str], from_ms: int | None, to_ms: int | None) -> tuple[int, list[dict]]:
-    """(number of differing (topic, window, status), the first MAX_LISTED) between window_counts and the archive."""
+def count_mismatches(
+    spark, config: Config, topics: list[str], from_ms: int | None, to_ms: int | None, after_recompute: bool = False
+) -> tuple[int, list[dict], dict]:
+    """(number of differing (topic, window, status), the first MAX_LISTED, what the check covered) between
+    window_counts and the archive.
+
+    ``after_recompute`` (the hourly DAG's check of the ingest interval [from, to) its recompute just
+    finished): rows a later interval's recompute will count are left out (see
+    :func:`kdq.spark.batch_layer.settled_rows`), and the windows outside [from, to) that the interval's
+    late rows touched are checked too, so every correction the recompute made is checked.
+    """
     from pyspark.sql import functions as F
 
+    from kdq.spark import batch_layer as bl
     from kdq.spark import transforms
     from kdq.spark.retention import counts_with_retired, read_retired
     from kdq.spark.tables import table_path
     from kdq.tables import RAW_ARCHIVE, WINDOW_COUNTS
     from kdq.windows import range_dates, range_hours
 
+    covered = {"pending_rows": 0, "late_windows_checked": 0}
     if not topics:
-        return 0, []
-    archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE)).where(F.col("topic").isin(topics))
+        return 0, [], covered
+    whole_archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE)).where(F.col("topic").isin(topics))
+    archive = whole_archive
     stored = spark.read.format("delta").load(table_path(config, WINDOW_COUNTS)).where(F.col("topic").isin(topics))
+    whole_retired = read_retired(spark, config).where(F.col("topic").isin(topics))
+    retired = whole_retired
+    in_range = F.lit(True)
     if from_ms is not None:
         in_range = (F.col("window_start") >= F.timestamp_millis(F.lit(from_ms))) & (
             F.col("window_start") < F.timestamp_millis(F.lit(to_ms))
         )
         archive = archive.where(F.col("event_hour").isin(range_hours(from_ms, to_ms))).where(in_range)
         stored = stored.where(f"window_date IN ({', '.join(range_dates(from_ms, to_ms))})").where(in_range)
-    retired = read_retired(spark, config).where(F.col("topic").isin(topics))
-    if from_ms is not None:
         retired = retired.where(F.col("event_hour").isin(range_hours(from_ms, to_ms))).where(in_range)
+    late: list[dict] = []
+    if after_recompute and from_ms is not None:
+        # Rows too late for the stream that arrived after the interval ended are archived but not counted
+        # yet: the next interval's recompute counts them. They are no mismatch of this interval.
+        settled = bl.settled_rows(archive, to_ms)
+        covered["pending_rows"] = archive.count() - settled.count()
+        archive = settled
+        windows = bl.late_windows(whole_archive, from_ms, to_ms).where(~in_range).persist()
+        try:
+            covered["late_windows_checked"] = windows.count()
+            if covered["late_windows_checked"]:
+                recounted = bl.recompute_counts(
+                    bl.settled_rows(whole_archive, to_ms), windows, config.stream.window_seconds, whole_retired
+                )
+                late = [
+                    {k: r[k] for k in ("topic", "window_start_ms", "status")}
+                    | {"window_counts": r["old_count"], "archive": r["new_count"]}
+                    for r in bl.count_differences(spark, config, recounted)
+                ]
+        finally:
+            windows.unpersist()
     # Rows archive retention deleted count through their retired counts (kdq.spark.retention).
     recomputed = counts_with_retired(transforms.one_row_per_record(archive), retired, retired, config.stream).select(
         "topic", "window_start", "status", F.col("count").alias("archive_count")
@@ -191,7 +229,8 @@ def count_mismatches(spark, config: Config, topics: list[str], from_ms: int | No
         listed = [r.asDict() for r in joined.orderBy("topic", "window_start_ms", "status").limit(MAX_LISTED).collect()]
     finally:
         joined.unpersist()
-    return total, listed
+    listed = sorted(listed + late, key=lambda m: (m["topic"], m["window_start_ms"], m["status"]))[:MAX_LISTED]
+    return total + len(late), listed, covered
 
 
 def reconcile(
@@ -201,9 +240,12 @@ def reconcile(
     pattern: str | None = None,
     from_ms: int | None = None,
     to_ms: int | None = None,
+    after_recompute: bool = False,
 ) -> ReconcileReport:
     """Both checks for ``topics`` (or ``pattern``; default: the configured topic selection) over the record
-    time range [from, to) (both None: everything Kafka still has); ``ok`` is false on any problem."""
+    time range [from, to) (both None: everything Kafka still has); ``ok`` is false on any problem.
+    ``after_recompute``: [from, to) is also the ingest interval an hourly recompute has just finished
+    (:func:`count_mismatches`)."""
     from kdq.spark.backfill import list_topics, resolve_ranges
     from kdq.spark.tables import ensure_tables
 
@@ -214,7 +256,9 @@ def reconcile(
     else:
         ranges = resolve_ranges(config, names, int(from_ms), int(to_ms))
     partitions = verify_gaps(config, offset_gaps(spark, config, ranges))
-    total, mismatches = count_mismatches(spark, config, names, from_ms, to_ms)
+    if after_recompute and from_ms is None:
+        raise ValueError("after_recompute needs the interval (from, to)")
+    total, mismatches, covered = count_mismatches(spark, config, names, from_ms, to_ms, after_recompute)
     problems = [p for p in partitions if p["gaps"] or p["duplicates"]]
     return ReconcileReport(
         ok=not problems and total == 0,
@@ -227,6 +271,9 @@ def reconcile(
         duplicate_offsets=sum(p["duplicates"] for p in partitions),
         count_mismatches=total,
         mismatches=mismatches,
+        after_recompute=after_recompute,
+        pending_rows=covered["pending_rows"],
+        late_windows_checked=covered["late_windows_checked"],
         problems=problems[:MAX_LISTED],
         partitions=partitions,
     )
