@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from spark_jobs import batch_recompute, influx_catch_up
+from spark_jobs import batch_recompute, influx_catch_up, reconcile
 
 from kdq.intervals import iso, parse_time_ms, resolve_interval
 
@@ -41,3 +41,13 @@ def test_job_arguments(capsys) -> None:
         batch_recompute.parse_args(["--start", "noon"])
     args = influx_catch_up.parse_args(["--since", "2023-11-14T22:13:20Z", "--force"])
     assert (args.since, args.force) == (W0, True)
+
+
+def test_reconcile_after_recompute_needs_the_interval(capsys) -> None:
+    """The hourly DAG's check: ``--after-recompute`` with the run's data interval; alone it is refused."""
+    args = reconcile.parse_args(["--from", "2023-11-14T22:00:00Z", "--to", "2023-11-14T23:00:00Z", "--after-recompute"])
+    assert (args.from_ms, args.to_ms, args.after_recompute) == (W0 - 800_000, W0 - 800_000 + 3_600_000, True)
+    assert reconcile.parse_args([]).after_recompute is False
+    with pytest.raises(SystemExit):
+        reconcile.parse_args(["--after-recompute"])
+    assert "--after-recompute needs --from and --to" in capsys.readouterr().err

@@ -249,6 +249,8 @@ def reconcile(
     from kdq.spark.backfill import list_topics, resolve_ranges
     from kdq.spark.tables import ensure_tables
 
+    if after_recompute and from_ms is None:
+        raise ValueError("after_recompute needs the interval (from, to)")
     ensure_tables(spark, config)
     names = list_topics(config, topics, pattern)
     if from_ms is None:
@@ -256,8 +258,6 @@ def reconcile(
     else:
         ranges = resolve_ranges(config, names, int(from_ms), int(to_ms))
     partitions = verify_gaps(config, offset_gaps(spark, config, ranges))
-    if after_recompute and from_ms is None:
-        raise ValueError("after_recompute needs the interval (from, to)")
     total, mismatches, covered = count_mismatches(spark, config, names, from_ms, to_ms, after_recompute)
     problems = [p for p in partitions if p["gaps"] or p["duplicates"]]
     return ReconcileReport(
