@@ -76,12 +76,12 @@ def wait_runs(api: Api, dag_id: str, select, expected: int, timeout: float) -> l
 
 @pytest.fixture(scope="module")
 def api(airflow_services) -> Iterator[Api]:
-    yield Api(airflow_services.airflow.url, airflow_services.airflow.password())
+    client = Api(airflow_services.airflow.url, airflow_services.airflow.password())
+    yield client
     # The scheduler runs on for the session: leave every DAG paused as the session's Airflow starts them,
     # so no scheduled run of the hourly DAG starts under a later test once the clock passes the hour.
-    api = Api(airflow_services.airflow.url, airflow_services.airflow.password())
     for dag_id in KDQ_DAGS:
-        api.call("PATCH", f"dags/{dag_id}", json={"is_paused": True})
+        client.call("PATCH", f"dags/{dag_id}", json={"is_paused": True})
 
 
 @pytest.fixture(scope="module")

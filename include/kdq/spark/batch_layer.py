@@ -160,10 +160,10 @@ def counted_by_batch_layer() -> Column:
     return ~F.col("counted") | (F.coalesce(F.col("source"), F.lit("")) != STREAM_SOURCE)
 
 
-def settled_rows(archive_df: DataFrame, recomputed_before_ms: int) -> DataFrame:
-    """The archive as window_counts reflects it once every interval before ``recomputed_before_ms`` is
-    recomputed: without the rows a later interval's recompute will count (ingested at or after it)."""
-    return archive_df.where(~(counted_by_batch_layer() & (F.col("ingest_time") >= _ts(recomputed_before_ms))))
+def awaiting_recompute(recomputed_before_ms: int) -> Column:
+    """Rows a later interval's recompute will count, once every interval before ``recomputed_before_ms``
+    is recomputed: those :func:`counted_by_batch_layer` picks, ingested at or after that instant."""
+    return counted_by_batch_layer() & (F.col("ingest_time") >= _ts(recomputed_before_ms))
 
 
 def _window_hours(windows_df: DataFrame) -> list[str]:

@@ -159,7 +159,7 @@ def count_mismatches(
 
     ``after_recompute`` (the hourly DAG's check of the ingest interval [from, to) its recompute just
     finished): rows a later interval's recompute will count are left out (see
-    :func:`kdq.spark.batch_layer.settled_rows`), and the windows outside [from, to) that the interval's
+    :func:`kdq.spark.batch_layer.awaiting_recompute`), and the windows outside [from, to) that the interval's
     late rows touched are checked too, so every correction the recompute made is checked.
     """
     from pyspark.sql import functions as F
@@ -191,15 +191,15 @@ def count_mismatches(
     if after_recompute and from_ms is not None:
         # Rows too late for the stream that arrived after the interval ended are archived but not counted
         # yet: the next interval's recompute counts them. They are no mismatch of this interval.
-        settled = bl.settled_rows(archive, to_ms)
-        covered["pending_rows"] = archive.count() - settled.count()
-        archive = settled
+        pending = bl.awaiting_recompute(to_ms)
+        covered["pending_rows"] = archive.where(pending).count()
+        archive = archive.where(~pending)
         windows = bl.late_windows(whole_archive, from_ms, to_ms).where(~in_range).persist()
         try:
             covered["late_windows_checked"] = windows.count()
             if covered["late_windows_checked"]:
                 recounted = bl.recompute_counts(
-                    bl.settled_rows(whole_archive, to_ms), windows, config.stream.window_seconds, whole_retired
+                    whole_archive.where(~pending), windows, config.stream.window_seconds, whole_retired
                 )
                 late = [
                     {k: r[k] for k in ("topic", "window_start_ms", "status")}
