@@ -15,7 +15,11 @@ The batch layer for one hour of **ingest time**, the run's data interval `[logic
 4. `reconcile`: offsets and counts of the interval checked against Kafka and the archive; fails the
    run when there is a gap or a mismatch. The counts check covers the windows of the interval and every
    window its late rows touched; rows too late for the stream that arrived after the interval ended are
-   the next run's to count, so they are no mismatch here (`--after-recompute`).
+   the next run's to count, so they are no mismatch here (`--after-recompute`). It depends on the
+   recompute only, not on steps 2 and 3: it reads Delta, Kafka and the archive, never InfluxDB, so an
+   InfluxDB outage (a failing push or catch-up) does not skip the reconcile of every hour it lasts.
+
+`recompute >> [push_corrections >> influx_catch_up, reconcile]`.
 
 Every task reads and writes only its interval and is idempotent (re-running changes nothing), so
 catchup is on, and a range is recomputed with
@@ -61,4 +65,6 @@ with DAG(
         job="reconcile",
         job_args=["--from={{ data_interval_start }}", "--to={{ data_interval_end }}", "--after-recompute"],
     )
-    recompute >> push >> catch_up >> reconcile
+    # The reconcile needs no InfluxDB: it must not be upstream_failed while InfluxDB is down.
+    recompute >> push >> catch_up
+    recompute >> reconcile

@@ -79,6 +79,7 @@ for dag_id, dag in bag.dags.items():
                 "execution_timeout": t.execution_timeout.total_seconds() if t.execution_timeout else None,
                 "template_fields": list(t.template_fields),
                 "job_args": list(getattr(t, "job_args", []) or []),
+                "upstream": sorted(t.upstream_task_ids),
             }
             for t in dag.tasks
         },
@@ -157,6 +158,26 @@ def test_hourly_recompute_is_interval_driven_and_emits_the_asset(parsed: dict) -
     assert (tasks["push_corrections"]["type"], tasks["influx_catch_up"]["type"]) == (
         "PushCorrectionsOperator", "InfluxCatchUpOperator",
     )
+
+
+def test_hourly_reconcile_does_not_wait_for_influxdb(parsed: dict) -> None:
+    """Reconcile checks Delta against Kafka and the archive; it must run while InfluxDB is down (issue 23, item 7e):
+    a push or catch-up failing for a day must not leave every hour's reconcile upstream_failed."""
+    tasks = parsed["dags"]["kdq_hourly_recompute"]["tasks"]
+
+    def ancestors(task_id: str) -> set[str]:
+        found: set[str] = set()
+        todo = list(tasks[task_id]["upstream"])
+        while todo:
+            current = todo.pop()
+            if current not in found:
+                found.add(current)
+                todo.extend(tasks[current]["upstream"])
+        return found
+
+    assert ancestors("reconcile") == {"recompute"}
+    assert tasks["push_corrections"]["upstream"] == ["recompute"]
+    assert tasks["influx_catch_up"]["upstream"] == ["push_corrections"]
 
 
 def test_default_start_date_without_the_local_override(parsed: dict) -> None:
