@@ -13,13 +13,16 @@ from kdq.stack.procs import ManagedProcess
 
 
 def stream_process(config: Config) -> ManagedProcess:
+    from kdq.spark.submit import process_marker
+
     folder = stream_state.state_dir(config)
     return ManagedProcess(
         name="stream",
         pid_file=folder / stream_state.STREAM_PID,
         log_file=folder / stream_state.STREAM_LOG,
-        # The warehouse dir is in the command line and unique per data folder.
-        marker=f"spark.sql.warehouse.dir={config.data_dir / 'warehouse'}",
+        # A fragment of the very command line start_stream runs (the warehouse dir: under the data folder, or
+        # paths.storage_uri); the pid file says which process, the marker that it is still ours.
+        marker=process_marker(config, "stream_counts"),
     )
 
 

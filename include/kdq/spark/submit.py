@@ -11,6 +11,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kdq import storage
 from kdq.config import Config, ConfigError
 from kdq.spark.session import spark_conf
 
@@ -79,10 +80,37 @@ class Submission:
     properties_file: Path | None  # the secrets of ``conf`` (--properties-file), or None
 
 
-def submission(config: Config, job: str, app_name: str | None = None) -> Submission:
+def submission_conf(config: Config, job: str, app_name: str | None = None) -> dict[str, str]:
+    """Every Spark setting of ``job``'s submission (secrets included; :func:`submission` splits them off)."""
     conf = spark_conf(config, app_name or f"kdq-{job}")
     if cores_max(config, job):
         conf["spark.cores.max"] = str(cores_max(config, job))  # wins over a spark.cores.max of [spark.conf]
+    return conf
+
+
+def conf_argument(key: str, value: str) -> str:
+    """One ``--conf`` argument of the command line."""
+    return f"{key}={value}"
+
+
+# The setting whose --conf argument identifies a kdq job's process as belonging to one deployment: the warehouse
+# dir is under the storage root (the data folder, or paths.storage_uri) and on every job's command line.
+MARKER_KEY = "spark.sql.warehouse.dir"
+
+
+def process_marker(config: Config, job: str) -> str:
+    """A fragment of ``job``'s spark-submit command line (:func:`submit_command`) by which a process is recognised
+    as that job of this deployment (``kdq.stream_process``): built from the same settings as the command line, so
+    the two cannot disagree (with ``paths.storage_uri`` they once did: issue 23, item 2)."""
+    try:
+        value = submission_conf(config, job)[MARKER_KEY]
+    except ConfigError:  # no submission possible now (e.g. jars missing): `kdq status` must still answer
+        value = {MARKER_KEY: storage.warehouse_location(config), **config.spark.conf}[MARKER_KEY]
+    return conf_argument(MARKER_KEY, value)
+
+
+def submission(config: Config, job: str, app_name: str | None = None) -> Submission:
+    conf = submission_conf(config, job, app_name)
     master = config.spark_master()
     secrets = {key: conf.pop(key) for key in sorted(conf) if SECRET_KEY.search(key)}
     return Submission(
@@ -136,5 +164,5 @@ def submit_command(config: Config, job: str, job_args: list[str], app_name: str 
         command += ["--properties-file", str(parts.properties_file), "--load-spark-defaults"]
     command += ["--driver-memory", parts.driver_memory]
     for key, value in parts.conf.items():
-        command += ["--conf", f"{key}={value}"]
+        command += ["--conf", conf_argument(key, value)]
     return [*command, str(job_path(job)), *job_args]

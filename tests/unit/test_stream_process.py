@@ -1,0 +1,41 @@
+"""The stream's process marker (how `running()`, the supervisor and `kdq down` recognise the detached stream)
+comes from the same settings as its spark-submit command line (issue 23, item 2a)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kdq.spark.submit import submit_command
+from kdq.stream_process import stream_process
+from tests.conftest import make_config
+
+STORAGE = {
+    "local": {},
+    "hdfs": {"paths": {"storage_uri": "hdfs://namenode:8020/kdq"}},
+    "abfss": {"paths": {"storage_uri": "abfss://data@account.dfs.core.windows.net/kdq/"}},
+}
+
+
+@pytest.mark.parametrize("where", sorted(STORAGE))
+def test_the_marker_is_in_the_streams_command_line(tmp_path: Path, where: str) -> None:
+    config = make_config(tmp_path / "data", spark={"master": "local[2]"}, **STORAGE[where])
+    command = submit_command(config, "stream_counts", [], app_name="kdq-speed-layer")
+    marker = stream_process(config).marker
+    assert any(marker in part for part in command), (marker, command)
+
+
+def test_the_marker_is_unique_per_data_folder(tmp_path: Path) -> None:
+    one = make_config(tmp_path / "one", spark={"master": "local[2]"})
+    two = make_config(tmp_path / "two", spark={"master": "local[2]"})
+    assert stream_process(one).marker != stream_process(two).marker
+
+
+def test_the_marker_without_a_submittable_config_is_the_same(tmp_path: Path) -> None:
+    """`kdq status` answers even when no job could be submitted now (here: no jars): the same marker."""
+    config = make_config(tmp_path / "data", spark={"master": "local[2]"}, **STORAGE["hdfs"])
+    broken = config.model_copy(update={"paths": config.paths.model_copy(update={"jars_dir": tmp_path / "none"})})
+    assert stream_process(broken).marker == stream_process(config).marker == (
+        "spark.sql.warehouse.dir=hdfs://namenode:8020/kdq/warehouse"
+    )
