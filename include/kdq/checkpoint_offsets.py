@@ -9,11 +9,16 @@ query's initial offsets. Batch N reads [offsets of N-1 (or the initial ones),
 offsets of N). What the stream has *passed* is the end offsets of its last
 committed batch: every record below them is archived and counted, and a
 record at or above them will be, by the stream itself.
+
+Whether the stream has finished every micro-batch ingested before an instant
+(:func:`finished_batches_before`) is read from the same logs, plus kdq's batch
+ledger (``kdq_ledger/<N>``, the batch's fixed ingest time).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 from kdq import storage
@@ -72,3 +77,45 @@ def passed_offsets(checkpoint: Location) -> dict[tuple[str, int], int]:
         return {}
     ends = source_offsets(storage.join(checkpoint, "offsets", committed[-1]))
     return {(topic, int(p)): offset for topic, parts in ends.items() for p, offset in parts.items()}
+
+
+def batch_timestamp_ms(path: Location) -> int | None:
+    """The trigger time Spark recorded in one file of the offset log (``batchTimestampMs``), None if absent."""
+    lines = storage.files_for(path).read_bytes(path).decode("utf-8").lstrip("\x00").splitlines()
+    for line in lines:
+        if line.startswith("{") and "batchTimestampMs" in line:
+            return int(json.loads(line)["batchTimestampMs"])
+    return None
+
+
+def _ledger_ingest_ms(checkpoint: Location, batch_id: int) -> int | None:
+    path = storage.join(checkpoint, "kdq_ledger", batch_id)
+    try:
+        return int(json.loads(storage.files_for(path).read_bytes(path))["ingest_time_ms"])
+    except FileNotFoundError:
+        return None
+
+
+def finished_batches_before(checkpoint: Location, end_ms: int, now_ms: int | None = None) -> bool | None:
+    """Whether every micro-batch whose ingest time is before ``end_ms`` has committed (None: no stream ran).
+
+    A batch's rows become visible in the archive when it commits, which can be long after its ingest time
+    (a slow batch, or one that crashed and is replayed with its original ingest time). Spark writes
+    ``offsets/<N>`` when it plans batch N, before kdq's code runs, and batches run one after the other, so
+    only the last planned batch can be open. Its ingest time is the ledger's once written; before that (the
+    batch is still classifying) it is at least the trigger time in ``offsets/<N>``: kdq fixes the ingest
+    time after Spark planned the batch, and a replay keeps the ledger's or takes a later clock. With every
+    planned batch committed, a batch planned from now on is ingested from now on: done when ``end_ms`` has
+    passed.
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    planned = batch_ids(storage.join(checkpoint, "offsets"))
+    if not planned:
+        return None
+    last = planned[-1]
+    if last in batch_ids(storage.join(checkpoint, "commits")):
+        return now >= end_ms
+    ingest = _ledger_ingest_ms(checkpoint, last)
+    if ingest is None:
+        ingest = batch_timestamp_ms(storage.join(checkpoint, "offsets", last))
+    return ingest is not None and ingest >= end_ms

@@ -380,30 +380,13 @@ def _merge_absolute(spark: SparkSession, config: Config, changed: Sequence[dict]
 
 
 def stream_caught_up(spark: SparkSession, config: Config, end_ms: int) -> bool | None:
-    """Whether every stream micro-batch with an ingest time before ``end_ms`` has finished (None: no stream ran).
+    """Whether every stream micro-batch with an ingest time before ``end_ms`` has committed (None: no stream
+    ran); :func:`kdq.checkpoint_offsets.finished_batches_before` on the speed layer's checkpoint (``spark``'s
+    session reads a remote one). When this is false, rows may still arrive for the interval: run it later."""
+    from kdq.checkpoint_offsets import finished_batches_before, speed_layer_checkpoint
 
-    A late row becomes visible in the archive when its micro-batch commits,
-    which can be well after its ingest time (a slow batch, or a crashed one
-    replayed later with its original ingest time). Micro-batches run one after
-    the other, so it is enough that the latest batch of the ledger started at
-    or after ``end_ms``, or has committed (Spark's ``commits/<id>``). When this
-    is false, rows may still arrive for the interval: run it again later.
-    """
-    from kdq.checkpoint_offsets import speed_layer_checkpoint as checkpoint_dir
-    from kdq.spark.ledger import BatchLedger
-
-    jvm = spark._jvm
-    checkpoint = str(checkpoint_dir(config))
-    folder = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/kdq_ledger")
-    fs = folder.getFileSystem(spark._jsc.hadoopConfiguration())
-    if not fs.exists(folder):
-        return None
-    latest = BatchLedger(spark, checkpoint).latest_before(2**62)
-    if latest is None:
-        return None
-    if int(latest["ingest_time_ms"]) >= end_ms:
-        return True
-    return bool(fs.exists(jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/commits/{int(latest['batch_id'])}")))
+    del spark  # the session registered the Hadoop FileSystem remote checkpoints are read with
+    return finished_batches_before(speed_layer_checkpoint(config), end_ms)
 
 
 def apply_corrections(
