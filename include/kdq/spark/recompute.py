@@ -88,7 +88,11 @@ def recompute_interval(
             "topic", F.timestamp_millis("ms").alias("window_start")
         )
         report.scanned_recompute = bl.scan_stats(spark, bl.archive_rows_of(archive, windows_df))
-        new_counts = bl.recompute_counts(archive, windows_df, config.stream.window_seconds, read_retired(spark, config))
+        # Rows the stream left to the batch layer that arrived after the interval's end are the next run's
+        # to count (its late_windows selects them); counting them here too would make this run's result
+        # depend on when it read, and its reconcile (which leaves them out the same way) fail on correct data.
+        settled = archive.where(~bl.awaiting_recompute(interval[1]))
+        new_counts = bl.recompute_counts(settled, windows_df, config.stream.window_seconds, read_retired(spark, config))
         changed = bl.apply_corrections(spark, config, new_counts, run_id, interval, reason)
         report.reason_corrections = bl.correct_interval_reasons(spark, config, archive, interval)
     report.corrections = len(changed)
