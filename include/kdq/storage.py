@@ -174,6 +174,14 @@ class Files(Protocol):
         """Write ``data`` to a new file unless one exists (a reader never sees it half-written); True if written."""
         ...
 
+    def write_bytes(self, location: Location, data: bytes) -> None:
+        """Create or replace a file (a reader sees the old or the new content on local disks and object stores)."""
+        ...
+
+    def delete(self, location: Location) -> bool:
+        """Delete a file; False when it did not exist."""
+        ...
+
 
 class LocalFiles:
     """:class:`Files` on the local disk."""
@@ -204,6 +212,19 @@ class LocalFiles:
             return False
         finally:
             tmp.unlink(missing_ok=True)
+
+    def write_bytes(self, location: Location, data: bytes) -> None:
+        path = local_path(location)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    def delete(self, location: Location) -> bool:
+        try:
+            local_path(location).unlink()
+            return True
+        except FileNotFoundError:
+            return False
 
 
 LOCAL_FILES = LocalFiles()

@@ -72,6 +72,20 @@ class HadoopFiles:
         fs.delete(tmp, False)
         return False
 
+    def write_bytes(self, location: storage.Location, data: bytes) -> None:
+        """Overwrite in place: on S3A the object is replaced by one PUT when the stream closes (readers see the old
+        or the new one); on HDFS a reader may briefly find it empty (kdq's lease reader takes that as held)."""
+        path, fs = self._fs(location)
+        out = fs.create(path, True)
+        try:
+            out.write(bytearray(data))
+        finally:
+            out.close()
+
+    def delete(self, location: storage.Location) -> bool:
+        path, fs = self._fs(location)
+        return bool(fs.delete(path, False))
+
 
 # Connector jars of the schemes kdq fetches itself (scripts/setup.sh; docs/cluster.md).
 _CONNECTORS = {
