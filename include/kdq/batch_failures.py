@@ -12,6 +12,14 @@ Three small JSON files next to the heartbeat in ``<data_dir>/stream/``:
     the job when its query dies (``spark_jobs/stream_counts.py``) or by the supervisor when it kills a hung
     batch; cleared once a batch at or past it completes. After ``stream.max_batch_failures`` attempts the
     supervisor stops restarting the stream and fails its task with :func:`failure_message`.
+
+    Only failures that would happen again on a replay count toward that limit. A failure whose error says the
+    environment failed, not the batch (a full disk, a storage, S3, DynamoDB or Kafka outage, a connection
+    refused or timed out: :func:`classify_failure`), is recorded with kind ``transient`` (``transient_attempts``)
+    and never blocks: the supervisor keeps restarting the stream with its capped backoff until the outage ends.
+    A hang cannot be told from a slow batch (a slow flush to a struggling store), so it counts, but the limit
+    grows per hung attempt of the same batch (:func:`hung_limit`: ``max_batch_seconds * 2^(hung attempts so
+    far)``), so a slow but progressing batch gets 1x, 2x, 4x ... the time and eventually completes.
 ``quarantined_offsets.json``
     The operator's quarantine list, append-only: ``{id, topic, partition, from_offset, to_offset
     (inclusive), reason, added_ms}``. Records of these ranges skip classification and are counted invalid
@@ -27,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -130,9 +139,72 @@ def running_batch(config: Any, now_ms: int | None = None, not_before_ms: int = 0
     return None
 
 
+def hung_limit(config: Any, batch_id: int | None, max_seconds: float) -> float:
+    """How long attempt N of ``batch_id`` may run: ``max_seconds * 2^(N-1)``, N - 1 being the hangs of that batch
+    recorded so far (failures of other kinds do not make it grow). A batch that is slow rather than stuck (a slow
+    flush to a struggling store) gets twice the time on each retry, so it completes instead of being killed at
+    the same point forever (``stream.max_batch_failures`` still bounds the attempts)."""
+    failure = read_failure(config)
+    if batch_id is None or failure is None or failure.get("batch_id") != batch_id:
+        return float(max_seconds)
+    return float(max_seconds) * 2 ** int(failure.get("hung_attempts") or 0)
+
+
 def hung_batch(config: Any, max_seconds: float, now_ms: int | None = None, not_before_ms: int = 0) -> dict | None:
+    """The running batch when it runs past its :func:`hung_limit` (``limit``: that limit), else None."""
     running = running_batch(config, now_ms, not_before_ms)
-    return running if running is not None and running["seconds"] > max_seconds else None
+    if running is None:
+        return None
+    limit = hung_limit(config, running["batch_id"], max_seconds)
+    return {**running, "limit": limit} if running["seconds"] > limit else None
+
+
+# -- transient or deterministic -----------------------------------------------------------------------------
+
+# Errors that say the environment failed, not the batch: the same batch succeeds once it recovers, so they never
+# count toward stream.max_batch_failures (a person clearing the block after every outage is no way to run it).
+# Matched anywhere in the error text, so a cause under Spark's "Job aborted" / "Caused by:" wrappers counts.
+TRANSIENT_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"No space left on device|ENOSPC|Errno 28\b|Disk quota exceeded|EDQUOT",
+     "disk full: space comes back (retention, maintenance, an operator); the batch itself is fine"),
+    (r"Connection refused|ConnectException|ECONNREFUSED|Errno 111\b|NoRouteToHostException|UnknownHostException"
+     r"|Connection reset|Broken pipe|Errno 32\b|Errno 104\b",
+     "a service (S3, HDFS, DynamoDB, Kafka, a proxy) down, restarting or unreachable"),
+    (r"SocketTimeoutException|connect timed out|read timed out|ETIMEDOUT|Errno 110\b|ConnectTimeoutException",
+     "a service too slow to answer: overloaded or partly down"),
+    (r"kafka\.common\.errors\.(TimeoutException|NetworkException|DisconnectException|NotLeaderOrFollowerException"
+     r"|LeaderNotAvailableException|BrokerNotAvailableException|NotEnoughReplicasException)",
+     "a Kafka broker down, or a leader election under way"),
+    (r"AWSServiceThrottledException|AWSStatus500Exception|AWSStatus503|AWSClientIOException|AWSNoResponseException"
+     r"|SdkClientException|Unable to execute HTTP request|Service Unavailable|SlowDown|Status Code: 5\d\d"
+     r"|RequestTimeout\b",
+     "S3 (S3A) throttling, a 5xx or no answer: an S3 outage"),
+    (r"ProvisionedThroughputExceededException|ThrottlingException|RequestLimitExceeded"
+     r"|InternalServerErrorException|LimitExceededException",
+     "DynamoDB (kdq's log store) throttling or a server error"),
+    (r"ConcurrentAppendException|ConcurrentDeleteReadException|ConcurrentDeleteDeleteException"
+     r"|ConcurrentTransactionException|ConcurrentWriteException",
+     "a Delta commit conflict with another writer of the table: the retry commits"),
+)
+# Checked first: the same batch fails the same way again however the environment behaves.
+DETERMINISTIC_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"OutOfMemoryError|StackOverflowError",
+     "the batch is too big for the driver or an executor: it fails again until memory or "
+     "kafka.max_offsets_per_trigger changes"),
+    (r"failOnDataLoss|data loss|data may have been lost|Some data may have been missed",
+     "Kafka no longer has offsets the checkpoint needs: no retry brings them back"),
+)
+_TRANSIENT = [re.compile(p, re.IGNORECASE) for p, _ in TRANSIENT_PATTERNS]
+_DETERMINISTIC = [re.compile(p, re.IGNORECASE) for p, _ in DETERMINISTIC_PATTERNS]
+
+
+def classify_failure(error: str) -> str:
+    """``transient`` when the error text names an environment failure (:data:`TRANSIENT_PATTERNS`, each with
+    why), else ``deterministic``: anything unrecognised counts toward the limit, as before."""
+    text = str(error or "")
+    if any(p.search(text) for p in _DETERMINISTIC):
+        return "deterministic"
+    return "transient" if any(p.search(text) for p in _TRANSIENT) else "deterministic"
 
 
 # -- failures --------------------------------------------------------------------------------------------
@@ -202,16 +274,28 @@ def record_failure(
     checkpoint: Location | None = None,
 ) -> dict:
     """Record one more failed attempt of ``batch_id`` (attempts restart at 1 for another batch, or when the
-    quarantine list changed since the last attempt: the operator acted)."""
+    quarantine list changed since the last attempt: the operator acted).
+
+    ``kind`` ``error`` becomes ``transient`` when :func:`classify_failure` says so: counted in
+    ``transient_attempts`` only, never in ``attempts`` (what :func:`blocked` compares with the limit). ``hung``
+    counts in ``attempts`` and in ``hung_attempts`` (what :func:`hung_limit` grows with)."""
+    if kind == "error" and classify_failure(error) == "transient":
+        kind = "transient"
     checkpoint = checkpoint or checkpoint_of(config)
     ranges = offset_ranges(checkpoint, batch_id)
     quarantine_size = len(read_quarantine(config))
     with _locked(config):
         previous = read_failure(config) or {}
         same = previous.get("batch_id") == batch_id and previous.get("quarantine_size") == quarantine_size
+
+        def count(field: str, counted: bool) -> int:
+            return (int(previous.get(field) or 0) if same else 0) + (1 if counted else 0)
+
         failure = {
             "batch_id": int(batch_id),
-            "attempts": int(previous.get("attempts") or 0) + 1 if same else 1,
+            "attempts": count("attempts", kind != "transient"),
+            "transient_attempts": count("transient_attempts", kind == "transient"),
+            "hung_attempts": count("hung_attempts", kind == "hung"),
             "kind": kind,
             "error": error_summary(error),
             "time_ms": _now_ms(),
