@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from kdq.config import Config, check_kafka_reachable
 from kdq.job_reports import StreamReport
 from kdq.jobs import run_main
+from kdq.stream_state import StartingBeat
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -28,6 +29,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--available-now", action="store_true", help="process what is in Kafka now, then exit")
     parser.add_argument("--stop-timeout", type=float, default=120.0, help="seconds to let a batch finish on SIGTERM")
     return parser.parse_args(argv)
+
+
+# The start-up heartbeat, begun before the session (the JVM's Spark context, the Kafka check) so the supervisor
+# sees a beat as soon as this driver's Python runs; run_speed_layer stops it once the query runs.
+_starting: StartingBeat | None = None
+
+
+def before_session(config: Config) -> None:
+    global _starting
+    _starting = StartingBeat(config).start()
+    _starting.phase("kafka_check")
+    try:
+        check_kafka_reachable(config)
+    except BaseException:
+        _starting.stop()
+        raise
+    _starting.phase("session")
 
 
 def run(spark, config: Config, args: argparse.Namespace, env: dict[str, str] | None = None) -> StreamReport:
@@ -44,11 +62,12 @@ def run(spark, config: Config, args: argparse.Namespace, env: dict[str, str] | N
         available_now=args.available_now,
         stop_timeout=args.stop_timeout,
         env=env,
+        starting=_starting,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(argv, parse_args, run, app_name="kdq-speed-layer", before_session=check_kafka_reachable)
+    return run_main(argv, parse_args, run, app_name="kdq-speed-layer", before_session=before_session)
 
 
 if __name__ == "__main__":

@@ -251,6 +251,21 @@ class StreamConfig(_Section):
     hung_stop_grace_seconds: float = Field(
         default=30.0, gt=0, description="SIGTERM-to-SIGKILL grace when the supervisor stops a hung stream"
     )
+    supervisor_max_backoff_seconds: float = Field(
+        default=600.0, gt=0,
+        description="cap of the supervisor's backoff between restarts of a stream that keeps dying (120 s doubling "
+        "per restart past the third): after a long outage the next restart is at most this far away",
+    )
+    max_startup_seconds: float = Field(
+        default=3600.0, gt=0,
+        description="a driver still beating 'starting' (rules compile, lost-checkpoint scan, query start) after this "
+        "long is stuck: the supervisor restarts it",
+    )
+    driver_lease_seconds: float = Field(
+        default=60.0, ge=2,
+        description="expiry of the driver lease in the checkpoint (one driver per checkpoint; renewed every tenth "
+        "of it): a driver that died without releasing it blocks a new one on another host this long",
+    )
     batch_tasks: int = Field(
         default=0, ge=0,
         description="tasks per micro-batch: the Kafka partitions read are coalesced (no shuffle) into at most this "

@@ -82,19 +82,32 @@ def describe_stream(config: Config) -> list[str]:
 def _batch_lines(config: Config, running: bool) -> list[str]:
     """The batch in flight (flagged HUNG past stream.max_batch_seconds), a recorded failure, the quarantine."""
     lines = []
-    limit = config.stream.max_batch_seconds
+    configured = config.stream.max_batch_seconds
     current = batch_failures.running_batch(config) if running else None
     if current is not None and current["batch_id"] is not None:
-        flag = f"HUNG (> stream.max_batch_seconds = {limit:.0f}s)" if current["seconds"] > limit else "running"
+        limit = batch_failures.hung_limit(config, current["batch_id"], configured)
+        grown = "" if limit == configured else f", this attempt's limit {limit:.0f}s"
+        flag = f"HUNG (> stream.max_batch_seconds = {configured:.0f}s{grown})" if current["seconds"] > limit else "running"
         lines.append(f"{'':<10} batch {current['batch_id']} {flag} for {current['seconds']:.0f}s")
     failure = batch_failures.read_failure(config)
     if failure is not None:
         blocked = batch_failures.blocked(config, config.stream.max_batch_failures) is not None
         first = failure["error"].splitlines()[0][:200] if failure.get("error") else ""
-        lines.append(
-            f"{'':<10} batch {failure['batch_id']} {'hung' if failure.get('kind') == 'hung' else 'failed'} "
-            f"{failure['attempts']}x in a row{' - BLOCKED, see `kdq stream-failure`' if blocked else ''}: {first}"
-        )
+        if failure.get("kind") == "transient":
+            counted = f"; {failure['attempts']} counted failure(s)" if failure.get("attempts") else ""
+            lines.append(
+                f"{'':<10} batch {failure['batch_id']} failed transiently {failure.get('transient_attempts', 1)}x "
+                f"(the environment, not the batch: restarted with backoff, never blocks{counted}): {first}"
+            )
+        else:
+            lines.append(
+                f"{'':<10} batch {failure['batch_id']} {'hung' if failure.get('kind') == 'hung' else 'failed'} "
+                f"{failure['attempts']}x in a row{' - BLOCKED, see `kdq stream-failure`' if blocked else ''}: {first}"
+            )
+    refusal = stream_state.read_refusal(config)
+    if refusal is not None and not running:
+        lines.append(f"{'':<10} driver {refusal.get('kind', 'refused')} at {refusal.get('time_ms')}: "
+                     f"{str(refusal.get('message'))[:300]}")
     quarantined = batch_failures.read_quarantine(config)
     if quarantined:
         lines.append(f"{'':<10} {len(quarantined)} quarantined offset range(s) (kdq stream-failure lists them)")

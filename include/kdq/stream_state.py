@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -28,6 +29,7 @@ STREAM_PID = "stream.pid"
 STREAM_LOG = "stream.log"
 SUPERVISOR_LOCK = "supervisor.lock"
 SUPERVISOR_STATE = "supervisor_state.json"
+DRIVER_REFUSED = "driver_refused.json"  # the last driver that refused to start (or stopped): another owned the lease
 
 
 def state_dir(config: Any) -> Path:
@@ -106,3 +108,107 @@ def last_batch_id(config: Config) -> int | None:
     """The id of the stream's last completed micro-batch (its progress file), None before the first."""
     progress = stream_status(config)["progress"]
     return int(progress["batch_id"]) if progress and progress.get("batch_id") is not None else None
+
+
+def starting_beat(config: Config, pids: Collection[int]) -> dict | None:
+    """The "starting" heartbeat of one of ``pids`` (the running job's processes), with its ``age`` and the
+    driver's ``startup_seconds`` so far; None when the beat is not a starting one of those processes."""
+    beat = stream_status(config)["heartbeat"]
+    if not beat or beat.get("state") != "starting" or beat.get("pid") not in pids:
+        return None
+    now = time.time()
+    return {
+        **beat,
+        "age": max(0.0, now - beat["time_ms"] / 1000),
+        "startup_seconds": max(0.0, now - int(beat.get("started_ms") or beat["time_ms"]) / 1000),
+    }
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0
+    return True
+
+
+class StartingBeat:
+    """The driver's heartbeat with state ``starting`` from its first Python line until its query runs: written
+    at once and then every ``interval`` seconds from a daemon thread, so the supervisor can tell a long start-up
+    (rules compile, the lost-checkpoint scan, a large first plan) from a hang. :meth:`phase` names the step.
+
+    Until :meth:`own` (the driver holds the checkpoint's lease, ``kdq.driver_lease``) it does not overwrite a
+    fresh beat of another live process: a second driver started beside a running one (and refused) must not
+    make the running one look silent to the supervisor. :meth:`stop` ends it before the query's own
+    "running" beats take over; no beat is written after it returns."""
+
+    def __init__(self, config: Any, interval: float = 5.0) -> None:
+        self.path = state_dir(config) / HEARTBEAT
+        self.interval = interval
+        self.started_ms = int(time.time() * 1000)
+        self.current_phase = "boot"
+        self.owned = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> StartingBeat:
+        self._write()
+        self._thread = threading.Thread(target=self._run, name="kdq-starting-beat", daemon=True)
+        self._thread.start()
+        return self
+
+    def phase(self, name: str) -> None:
+        self.current_phase = name
+        self._write()
+
+    def own(self) -> None:
+        self.owned = True
+        self._write()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._write()
+
+    def _write(self) -> bool:
+        with self._lock:
+            if self._stop.is_set() or (not self.owned and self._defer()):
+                return False
+            try:
+                atomic_write_json(
+                    self.path,
+                    {"state": "starting", "pid": os.getpid(), "time_ms": int(time.time() * 1000),
+                     "started_ms": self.started_ms, "phase": self.current_phase},
+                )
+            except OSError:  # a full disk must not kill the start-up; the supervisor sees no beat
+                return False
+            return True
+
+    def _defer(self) -> bool:
+        beat = read_json(self.path) or {}
+        pid = int(beat.get("pid") or 0)
+        fresh = int(beat.get("time_ms") or 0) >= time.time() * 1000 - 60_000
+        return (
+            beat.get("state") in ("running", "starting") and fresh and pid not in (0, os.getpid()) and _pid_alive(pid)
+        )
+
+
+def record_refusal(config: Any, message: str, owner: dict | None, kind: str = "refused") -> None:
+    """A driver did not start (``refused``) or stopped itself (``fenced``) because another driver holds the
+    checkpoint's lease: the supervisor reads it (:func:`read_refusal`) and counts no crash."""
+    atomic_write_json(
+        state_dir(config) / DRIVER_REFUSED,
+        {"kind": kind, "time_ms": int(time.time() * 1000), "pid": os.getpid(), "message": message, "owner": owner},
+    )
+
+
+def read_refusal(config: Any) -> dict | None:
+    return read_json(state_dir(config) / DRIVER_REFUSED)

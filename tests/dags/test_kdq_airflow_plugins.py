@@ -23,35 +23,29 @@ from kdq_airflow.stream import LockHeld, supervisor_lock  # noqa: E402
 from tests.conftest import make_config  # noqa: E402
 
 
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
 def test_lock_is_exclusive_and_released(tmp_path: Path) -> None:
     lock = tmp_path / "stream" / "supervisor.lock"
     with supervisor_lock(lock):
-        assert lock.read_text() == str(os.getpid())
-        holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-        try:
-            lock.write_text(str(holder.pid))  # as if another live supervisor held it
-            with pytest.raises(LockHeld, match=str(holder.pid)):
-                with supervisor_lock(lock):
-                    pass
-            lock.write_text(str(os.getpid()))
-        finally:
-            holder.kill()
-            holder.wait()
-    assert not lock.exists()
+        assert lock.read_text() == str(os.getpid())  # the holder, for the message
+        with pytest.raises(LockHeld, match=str(os.getpid())):
+            with supervisor_lock(lock):  # another open file description: the OS lock is exclusive
+                pass
+    with supervisor_lock(lock):  # released
+        pass
 
 
 def test_lock_of_a_dead_supervisor_is_taken_over(tmp_path: Path) -> None:
+    """A supervisor killed while holding the lock: the kernel released it; the pid left in the file is ignored."""
     lock = tmp_path / "supervisor.lock"
-    lock.write_text(str(dead_pid()))
+    holder = subprocess.run(
+        [sys.executable, "-c",
+         "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+         "os.write(fd, str(os.getpid()).encode()); os._exit(9)", str(lock)],
+        timeout=30,
+    )
+    assert holder.returncode == 9 and lock.read_text().strip()
     with supervisor_lock(lock):
         assert lock.read_text() == str(os.getpid())
-    assert not lock.exists()
 
 
 def test_maintenance_touches_only_closed_partitions(tmp_path: Path) -> None:

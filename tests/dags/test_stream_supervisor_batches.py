@@ -192,7 +192,8 @@ def test_hanging_max_failures_times_fails_the_task_instead_of_restarting(config,
     batch_failures.batch_started(config, 7)
     current = batch_failures.state_dir(config) / batch_failures.CURRENT_BATCH
     state = json.loads(current.read_text())
-    current.write_text(json.dumps({**state, "started_ms": state["started_ms"] - 60_000}))
+    # attempt 2 of batch 7 may run 2 x 30 s (batch_failures.hung_limit): 65 s is past it
+    current.write_text(json.dumps({**state, "started_ms": state["started_ms"] - 65_000}))
     with pytest.raises(AirflowException, match="micro-batch 7 hung"):
         ensure_stream_running(config)
     assert not fake.alive and fake.starts == []
