@@ -22,7 +22,10 @@ import org.apache.spark.sql.types.StructType;
  * {@code not_utf8}, {@code not_json}, {@code too_complex}, {@code schema:<keywordLocation>},
  * {@code pattern_budget:<keywordLocation>}, {@code internal_error:<ExceptionClass>}),
  * {@code event_ms}/{@code event_time_bad} (the rule's event-time field) and
- * {@code rules_version} (the matched rule's version, "none" without a rule). It never throws.
+ * {@code rules_version} (the matched rule's version, "none" without a rule). A verdict is a function of
+ * the record and the rules only: it never depends on the calling thread's stack (see {@link DeepStack})
+ * and only a RuntimeException on the record's data becomes {@code internal_error}; an Error
+ * (OutOfMemoryError, StackOverflowError...) is the JVM's condition, not the record's, and is thrown.
  *
  * <p>The instance holds the configuration JSON only; the compiled rules live in a JVM-wide cache
  * keyed by the SHA-256 of that JSON, so each executor compiles a rule set once however many tasks
@@ -62,20 +65,14 @@ public class Classifier implements UDF2<String, byte[], Row>, Serializable {
      * @throws IllegalArgumentException naming the rule (source and label) and the problem
      */
     public static String check(String configJson) {
-        CompiledConfig config = CompiledConfig.compile(configJson);
+        CompiledConfig config = DeepStack.call(() -> CompiledConfig.compile(configJson));
         CACHE.putIfAbsent(sha256(configJson), config);
         return config.summary();
     }
 
     @Override
     public Row call(String topic, byte[] value) {
-        CompiledConfig config;
-        try {
-            config = compiled();
-        } catch (Throwable t) {
-            return row(Reasons.internalError(t), null, false, "none");
-        }
-        return config.classify(topic, value);
+        return compiled().classify(topic, value);
     }
 
     CompiledConfig compiled() {
@@ -83,11 +80,16 @@ public class Classifier implements UDF2<String, byte[], Row>, Serializable {
         if (c == null) {
             c = CACHE.computeIfAbsent(sha256(configJson), k -> {
                 try {
-                    return CompiledConfig.compile(configJson);
-                } catch (Throwable t) {
+                    // On a deep stack, like check() in the driver: a deeply nested schema compiles
+                    // (or fails) the same on every executor.
+                    return DeepStack.call(() -> CompiledConfig.compile(configJson));
+                } catch (DeepStack.Interrupted e) {
+                    throw e;
+                } catch (RuntimeException e) {
                     // check() refuses such a configuration at start; should it reach an executor
-                    // anyway, every record says why instead of recompiling per record.
-                    return CompiledConfig.failed(t);
+                    // anyway, every record says why instead of recompiling per record. An Error
+                    // (out of memory while compiling) propagates and is not remembered.
+                    return CompiledConfig.failed(e);
                 }
             });
             compiled = c;

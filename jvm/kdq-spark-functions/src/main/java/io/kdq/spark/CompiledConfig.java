@@ -18,7 +18,6 @@ import com.networknt.schema.SchemaLocation;
 import com.networknt.schema.SchemaRegistry;
 import com.networknt.schema.SchemaRegistryConfig;
 import com.networknt.schema.SpecificationVersion;
-import com.networknt.schema.ValidationLimitExceededException;
 import com.networknt.schema.path.PathType;
 
 import tools.jackson.databind.JsonNode;
@@ -43,6 +42,8 @@ final class CompiledConfig {
     private final Throwable failure;
     private final Json json;
     private final ExecutionConfig executionConfig;
+    /** {@link #executionConfig} with the depth limited to what the calling thread's stack surely holds. */
+    private final ExecutionConfig inlineExecutionConfig;
     /** Exact match → first rule (precedence index) with that match. */
     private final Map<String, Integer> exact;
     /** Pattern rules in precedence order. */
@@ -57,13 +58,9 @@ final class CompiledConfig {
         this.rules = rules;
         this.failure = failure;
         this.json = new Json(maxNestingDepth);
-        this.executionConfig = ExecutionConfig.builder()
-                .formatAssertionsEnabled(assertFormat)
-                .failFast(false)
-                // Guards against runaway schemas (deeply recursive or exponential applicators).
-                .maxEvaluationDepth(4 * maxNestingDepth + 100)
-                .maxEvaluationSteps(5_000_000L)
-                .build();
+        this.executionConfig = executionConfig(assertFormat, 4 * maxNestingDepth + 100);
+        this.inlineExecutionConfig = executionConfig(assertFormat,
+                Math.min(Evaluation.INLINE_EVALUATION_DEPTH, 4 * maxNestingDepth + 100));
         this.exact = new HashMap<>();
         this.patternRules = new ArrayList<>();
         for (int i = 0; i < rules.size(); i++) {
@@ -74,6 +71,16 @@ final class CompiledConfig {
                 exact.putIfAbsent(rule.match, i);
             }
         }
+    }
+
+    private static ExecutionConfig executionConfig(boolean assertFormat, int maxEvaluationDepth) {
+        return ExecutionConfig.builder()
+                .formatAssertionsEnabled(assertFormat)
+                .failFast(false)
+                // Guards against runaway schemas (deeply recursive or exponential applicators).
+                .maxEvaluationDepth(maxEvaluationDepth)
+                .maxEvaluationSteps(5_000_000L)
+                .build();
     }
 
     /** A configuration that could not be compiled: every record reports internal_error. */
@@ -393,15 +400,19 @@ final class CompiledConfig {
             boolean bad = hasField && eventMs == null;
             String problem = null;
             if (rule != null && rule.schema != null) {
-                try {
-                    problem = Evaluation.validate(rule.schema, executionConfig, doc);
-                } catch (ValidationLimitExceededException e) {
-                    problem = Reasons.TOO_COMPLEX;
-                }
+                long patternBudget = BudgetRegexFactory.BASE_BUDGET + BudgetRegexFactory.PER_BYTE_BUDGET * value.length;
+                problem = Evaluation.validate(rule.schema, inlineExecutionConfig, executionConfig, doc, patternBudget,
+                        Json.depth(value));
             }
             return Classifier.row(problem, eventMs, bad, version);
-        } catch (Throwable t) {
-            return Classifier.row(Reasons.internalError(t), eventMs, hasField && eventMs == null, version);
+        } catch (DeepStack.Interrupted e) {
+            throw e; // the task is being killed: no verdict
+        } catch (RuntimeException e) {
+            // A deterministic failure on this record's data (a validator's bug on some input): the same on
+            // every replay, so a verdict. An Error (OutOfMemoryError, StackOverflowError, LinkageError...)
+            // says something about this JVM, not the record: it propagates, the task fails and Spark retries
+            // it (or the batch fails visibly), instead of judging the record by the JVM's state.
+            return Classifier.row(Reasons.internalError(e), eventMs, hasField && eventMs == null, version);
         }
     }
 

@@ -10,6 +10,7 @@ import com.networknt.schema.Error;
 import com.networknt.schema.ExecutionConfig;
 import com.networknt.schema.ExecutionContext;
 import com.networknt.schema.Schema;
+import com.networknt.schema.ValidationLimitExceededException;
 import com.networknt.schema.path.NodePath;
 
 import tools.jackson.databind.JsonNode;
@@ -29,21 +30,55 @@ final class Evaluation extends ExecutionContext {
     /** Applicators reported as themselves, never through their alternatives. */
     private static final java.util.Set<String> GROUP_KEYWORDS = java.util.Set.of("anyOf", "oneOf");
 
-    private Map<Error, Schema[]> chains;
+    /** Evaluation depth allowed on the calling thread; deeper, the record is evaluated on a {@link DeepStack}. */
+    static final int INLINE_EVALUATION_DEPTH = 128;
+    /** Nesting depth of the document up to which the evaluation starts on the calling thread. */
+    static final int INLINE_DOCUMENT_DEPTH = 64;
 
-    Evaluation(ExecutionConfig config) {
+    private Map<Error, Schema[]> chains;
+    /** charAt reads left for every pattern match of this record ({@link BudgetRegexFactory}). */
+    long patternBudget;
+    /** Where the record's pattern budget ran out (the first time), or null. */
+    private String budgetPointer;
+    /** A match or compile was too large for the calling thread's stack: evaluate again on a deep stack. */
+    private boolean needsDeepStack;
+
+    Evaluation(ExecutionConfig config, long patternBudget) {
         super(config);
+        this.patternBudget = patternBudget;
     }
 
-    /** Validates {@code doc}; null when valid, else {@code schema:<pointer>} or {@code pattern_budget:<pointer>}. */
-    static String validate(Schema schema, ExecutionConfig config, JsonNode doc) {
-        Evaluation evaluation = new Evaluation(config);
+    /**
+     * Validates {@code doc}; null when valid, else {@code schema:<pointer>}, {@code pattern_budget:<pointer>}
+     * or {@code too_complex} (an evaluation limit of {@code full}). The same on every thread: a document
+     * deeper than {@link #INLINE_DOCUMENT_DEPTH}, an evaluation reaching the depth limit of {@code inline}
+     * (the limits of {@code full}, but {@link #INLINE_EVALUATION_DEPTH} deep) or a pattern too large for the
+     * calling thread ({@link BudgetRegexFactory}) makes it evaluate from the start on a {@link DeepStack}
+     * thread with {@code full}; an inline result is used only when none of these happened, so it is what the
+     * deep stack would have found.
+     */
+    static String validate(Schema schema, ExecutionConfig inline, ExecutionConfig full, JsonNode doc,
+            long patternBudget, int documentDepth) {
+        if (documentDepth <= INLINE_DOCUMENT_DEPTH && !DeepStack.onDeepStack()) {
+            Evaluation here = new Evaluation(inline, patternBudget);
+            String verdict = here.run(schema, doc, true);
+            if (!here.needsDeepStack) {
+                return verdict;
+            }
+        }
+        return DeepStack.call(() -> new Evaluation(full, patternBudget).run(schema, doc, false));
+    }
+
+    private String run(Schema schema, JsonNode doc, boolean inline) {
         Evaluation previous = CURRENT.get();
-        CURRENT.set(evaluation);
+        CURRENT.set(this);
+        ValidationLimitExceededException limit = null;
         try {
-            schema.validate(evaluation, doc);
-        } catch (PatternBudgetExceeded e) {
-            return Reasons.PATTERN_BUDGET_PREFIX + e.pointer;
+            schema.validate(this, doc);
+        } catch (PatternBudgetExceeded | NeedsDeepStack e) {
+            // recorded on this evaluation: decided below
+        } catch (ValidationLimitExceededException e) {
+            limit = e;
         } finally {
             if (previous == null) {
                 CURRENT.remove();
@@ -51,16 +86,59 @@ final class Evaluation extends ExecutionContext {
                 CURRENT.set(previous);
             }
         }
-        return evaluation.reason();
+        if (limit == null) {
+            limit = getEvaluationAbort();
+        }
+        if (inline && limit != null && limit.getLimitKind() == ValidationLimitExceededException.LimitKind.EVALUATION_DEPTH) {
+            needsDeepStack = true;
+        }
+        if (needsDeepStack) {
+            if (!inline) {
+                throw new IllegalStateException("kdq classifier: an evaluation on a deep stack asked for a deep stack");
+            }
+            return null; // validate() evaluates again on a deep stack
+        }
+        if (budgetPointer != null) {
+            return Reasons.PATTERN_BUDGET_PREFIX + budgetPointer;
+        }
+        if (limit != null) {
+            return Reasons.TOO_COMPLEX;
+        }
+        return reason();
     }
 
-    /** The JSON pointer of the keyword being evaluated on this thread (for pattern budgets). */
-    static String currentPointer() {
-        Evaluation evaluation = CURRENT.get();
-        if (evaluation == null) {
-            return "";
+    /** The evaluation running on this thread, or null (outside one: the rules' own regexes compiling). */
+    static Evaluation current() {
+        return CURRENT.get();
+    }
+
+    /** Records (the first time) where the record's pattern budget ran out; returns the exception to throw. */
+    PatternBudgetExceeded patternBudgetExceeded() {
+        patternBudget = -1;
+        if (budgetPointer == null) {
+            budgetPointer = pointer(getEvaluationPath(), false);
         }
-        return pointer(evaluation.getEvaluationPath(), false);
+        return new PatternBudgetExceeded(budgetPointer);
+    }
+
+    /** Records that this record must be evaluated on a deep stack; returns the exception that stops this evaluation. */
+    NeedsDeepStack needsDeepStack() {
+        needsDeepStack = true;
+        return new NeedsDeepStack();
+    }
+
+    /** Stops an inline evaluation (a SchemaException: networknt's validators rethrow those as they are). */
+    static final class NeedsDeepStack extends com.networknt.schema.SchemaException {
+        private static final long serialVersionUID = 1L;
+
+        NeedsDeepStack() {
+            super("needs a deep stack");
+        }
+
+        @Override
+        public synchronized Throwable fillInStackTrace() {
+            return this;
+        }
     }
 
     @Override

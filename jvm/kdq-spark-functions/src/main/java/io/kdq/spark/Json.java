@@ -143,6 +143,32 @@ final class Json {
         return node;
     }
 
+    /** The nesting depth of a value that parsed as JSON (0 for a scalar): one pass over the bytes. */
+    static int depth(byte[] utf8) {
+        int depth = 0;
+        int max = 0;
+        boolean inString = false;
+        for (int i = 0; i < utf8.length; i++) {
+            byte c = utf8[i];
+            if (inString) {
+                if (c == '\\') {
+                    i++;
+                } else if (c == '"') {
+                    inString = false;
+                }
+            } else if (c == '"') {
+                inString = true;
+            } else if (c == '[' || c == '{') {
+                if (++depth > max) {
+                    max = depth;
+                }
+            } else if (c == ']' || c == '}') {
+                depth--;
+            }
+        }
+        return max;
+    }
+
     /** Whether the text has a digit followed by e/E, or a run of more than 300 digits (a cheap superset). */
     static boolean mayOverflowDouble(byte[] b) {
         int run = 0;

@@ -242,14 +242,13 @@ class ClassifierTest {
     }
 
     @Test
-    void internalErrorsAreCaught() {
-        // A schema recursing without consuming the instance: networknt stops it (evaluation depth
-        // limit) or the stack overflows; either way call() returns a reason instead of throwing.
+    void runawayRecursionIsTooComplex() {
+        // A schema recursing without consuming the instance: networknt's evaluation depth limit stops
+        // it, on a deep-stack thread (DeepStack), so the verdict never depends on the caller's stack.
         ObjectNode cfg = config(1 << 20, true);
         rule(cfg, "loop", "{\"$defs\":{\"a\":{\"allOf\":[{\"$ref\":\"#/$defs/a\"}]}},\"$ref\":\"#/$defs/a\"}");
         Classifier c = new Classifier(cfg.toString());
-        String p = problem(c, "loop", "{}");
-        assertTrue(p != null && (p.startsWith("internal_error:") || p.equals("too_complex")), p);
+        assertEquals("too_complex", problem(c, "loop", "{}"));
     }
 
     @Test
@@ -258,8 +257,7 @@ class ClassifierTest {
         rule(cfg, "tree", "{\"$defs\":{\"n\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"}}},"
                 + "\"$ref\":\"#/$defs/n\"}");
         Classifier c = classifier(cfg);
-        String p = problem(c, "tree", "[".repeat(499) + "]".repeat(499));
-        assertTrue(p == null || p.equals("too_complex") || p.startsWith("internal_error:"), p);
+        assertNull(problem(c, "tree", "[".repeat(499) + "]".repeat(499)));
         assertEquals("schema:/$ref/items/$ref/items/$ref/type", problem(c, "tree", "[[1]]"));
     }
 
