@@ -59,6 +59,9 @@ RAW_ARCHIVE = TableSpec(
     comment="Every consumed Kafka record exactly once (topic, partition, offset).",
 )
 
+# Table property of window_counts: the stream.window_seconds its windows were counted with (kdq.spark.tables).
+WINDOW_SECONDS_PROPERTY = "kdq.window_seconds"
+
 WINDOW_COUNTS = TableSpec(
     name="window_counts",
     columns=(

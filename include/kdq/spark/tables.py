@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from kdq.config import Config
+from kdq.config import Config, ConfigError
 from kdq.storage import table_location
-from kdq.tables import ALL_TABLES, VIEWS, TableSpec
+from kdq.tables import ALL_TABLES, VIEWS, WINDOW_COUNTS, WINDOW_SECONDS_PROPERTY, TableSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -22,7 +22,7 @@ def qualified_name(config: Config, spec: TableSpec) -> str:
     return f"{config.spark.database}.{spec.name}"
 
 
-def _create_by_path(spark: SparkSession, spec: TableSpec, path: str) -> None:
+def _create_by_path(spark: SparkSession, spec: TableSpec, path: str, config: Config) -> None:
     """Create the table at ``path`` with Delta's builder API (no path or other config value in SQL text)."""
     from delta.tables import DeltaTable
 
@@ -35,6 +35,8 @@ def _create_by_path(spark: SparkSession, spec: TableSpec, path: str) -> None:
         builder = builder.comment(spec.comment)
     for key, value in spec.properties:
         builder = builder.property(key, value)
+    if spec is WINDOW_COUNTS:
+        builder = builder.property(WINDOW_SECONDS_PROPERTY, str(int(config.stream.window_seconds)))
     builder.execute()
 
 
@@ -59,13 +61,54 @@ def _retrying(action, attempts: int = 5) -> None:
 
 
 def ensure_tables(spark: SparkSession, config: Config) -> None:
-    """Create every missing kdq table at its path (its identity); existing ones are left as they are."""
+    """Create every missing kdq table at its path (its identity); existing ones are left as they are, except
+    that ``window_counts`` must have been counted with this configuration's window size (:func:`check_window_seconds`)."""
     from delta.tables import DeltaTable
 
     for spec in ALL_TABLES:
         path = table_path(config, spec)
         if not DeltaTable.isDeltaTable(spark, path):
-            _retrying(lambda spec=spec, path=path: _create_by_path(spark, spec, path))
+            _retrying(lambda spec=spec, path=path: _create_by_path(spark, spec, path, config))
+    check_window_seconds(spark, config)
+
+
+def _delta_path_identifier(path: str) -> str:
+    """``delta.`<path>``` with backticks doubled (a data_dir with a backtick is refused by kdq.config anyway)."""
+    return "delta.`" + path.replace("`", "``") + "`"
+
+
+def check_window_seconds(spark: SparkSession, config: Config) -> None:
+    """Refuse (:class:`ConfigError`) a ``stream.window_seconds`` other than the one ``window_counts`` was counted with.
+
+    The size is the table property ``kdq.window_seconds``, set when the table is created. A table created
+    before the property existed gets it once, from the current configuration (the size it has been counted
+    with, as nothing refused a change before: the operator's configuration is the best witness there is).
+    Counts of different window sizes in one table would be silently wrong: a 1 s row and a 10 s row of the
+    same start would both be summed by every reader, and the stream's MERGE would add to rows of the other size.
+    """
+    from delta.tables import DeltaTable
+
+    path = table_path(config, WINDOW_COUNTS)
+    current = str(int(config.stream.window_seconds))
+    properties = DeltaTable.forPath(spark, path).detail().select("properties").first()["properties"] or {}
+    recorded = properties.get(WINDOW_SECONDS_PROPERTY)
+    if recorded is None:
+        _retrying(
+            lambda: spark.sql(
+                f"ALTER TABLE {_delta_path_identifier(path)} SET TBLPROPERTIES "
+                f"('{WINDOW_SECONDS_PROPERTY}' = '{current}')"
+            )
+        )
+        properties = DeltaTable.forPath(spark, path).detail().select("properties").first()["properties"] or {}
+        recorded = properties.get(WINDOW_SECONDS_PROPERTY, current)  # another starter may have set it first
+    if recorded != current:
+        raise ConfigError(
+            f"stream.window_seconds is {current} but the window_counts table at {path} holds "
+            f"{recorded}-second windows (its table property {WINDOW_SECONDS_PROPERTY}); one table cannot mix "
+            f"window sizes. Set stream.window_seconds = {recorded} again, or count with {current}-second windows "
+            "in a new data folder (paths.data_dir, or paths.storage_uri): a rebuild re-classifies records but "
+            "keeps the table's window size"
+        )
 
 
 def register_tables(spark: SparkSession, config: Config) -> None:
