@@ -159,20 +159,26 @@ def _read(files: Files, location: str) -> dict | None:
     return {"unreadable": True}
 
 
-def owner_of_checkpoint(config: Any, now_ms: int | None = None) -> str | None:
-    """The driver that holds the stream's checkpoint, described, if another live one does; None when none does
-    or the checkpoint is on remote storage this process cannot read (no Spark session: the supervisor)."""
+def checkpoint_owner(config: Any, now_ms: int | None = None) -> str | None:
+    """The driver that holds the stream's checkpoint, described, if a live one does, else None;
+    :class:`kdq.storage.RemoteStorageUnavailable` when the checkpoint is on remote storage this process cannot
+    read (no Spark session: the supervisor)."""
     from kdq.checkpoint_offsets import speed_layer_checkpoint
 
     checkpoint = speed_layer_checkpoint(config)
-    try:
-        leases = read_leases(storage.files_for(checkpoint), checkpoint)
-    except storage.RemoteStorageUnavailable:
-        return None
+    leases = read_leases(storage.files_for(checkpoint), checkpoint)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     host = this_host()
     live = [lease for lease in leases if is_live(lease, now, host)]
     return describe(live[0], now) if live else None
+
+
+def owner_of_checkpoint(config: Any, now_ms: int | None = None) -> str | None:
+    """:func:`checkpoint_owner`, None when the checkpoint cannot be read here."""
+    try:
+        return checkpoint_owner(config, now_ms)
+    except storage.RemoteStorageUnavailable:
+        return None
 
 
 class DriverLease:

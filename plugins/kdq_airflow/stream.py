@@ -223,10 +223,13 @@ def _owned_elsewhere(config: Any, state: dict, state_file: Path, backoff_seconds
     last started driver recorded says so, for ``backoff_seconds`` after it (then a start is tried again: the
     owner may be gone). Either way the restart count is reset: a refused start is no crash."""
     from kdq import driver_lease
+    from kdq.storage import RemoteStorageUnavailable
     from kdq.stream_state import read_refusal
 
-    owner = driver_lease.owner_of_checkpoint(config)
-    if owner is None:
+    try:
+        owner = driver_lease.checkpoint_owner(config)  # the lease itself, when this process can read it
+    except RemoteStorageUnavailable:
+        owner = None
         refusal = read_refusal(config)
         last_restart_ms = int((state.get("last_restart") or 0) * 1000)
         if (

@@ -209,13 +209,23 @@ def test_a_live_lease_of_another_driver_is_owned_elsewhere_not_a_crash(config, m
     state = json.loads(_state(config).read_text())
     assert state["restarts"] == 0 and "pid 4321 on host other-host" in state["owned_elsewhere"]
     other.release()
+    # Readable here, the lease decides: a refusal recorded earlier does not hold the start back.
+    from kdq.stream_state import record_refusal
+
+    record_refusal(config, "refused: pid 4321 on host other-host", {"pid": 4321})
     assert ensure_stream_running(config) == "restarted"
 
 
 def test_a_refused_driver_is_owned_elsewhere_for_a_backoff_then_tried_again(config, monkeypatch) -> None:
     """A remote checkpoint: the supervisor cannot read the lease, the refused driver's record tells it."""
+    from kdq import driver_lease
+    from kdq.storage import RemoteStorageUnavailable
     from kdq.stream_state import record_refusal
 
+    def unreadable(cfg, now_ms=None):
+        raise RemoteStorageUnavailable("s3a://b/kdq/checkpoints/speed_layer: no Spark session here")
+
+    monkeypatch.setattr(driver_lease, "checkpoint_owner", unreadable)
     stream = FakeStream(monkeypatch, config)
     assert ensure_stream_running(config) == "restarted"
     stream.alive = False  # the driver refused and exited
