@@ -22,7 +22,13 @@ PROJECT = Path(__file__).resolve().parents[1]
 # (each topic its own copy of the orders schema): rule lookup must not depend on the number of rules.
 # summary_values / summary_states: the streaming summaries' per-record work over the classified rows
 # (the two summaries of make bench's "summaries" variant).
-VARIANTS = ("scan", "verdict", "verdict_1000", "classify", "cached", "aggregate", "summary_values", "summary_states")
+# count_path_cached / count_path_single_pass: one micro-batch's count path into a real Delta archive, as the
+# stream ran it (classified rows cached, aggregated, archived from the cache) and in one pass (classified
+# rows written to the archive straight away, the aggregate read back from the batch's narrow archive columns).
+VARIANTS = (
+    "scan", "verdict", "verdict_1000", "classify", "cached", "aggregate", "summary_values", "summary_states",
+    "count_path_cached", "count_path_single_pass",
+)
 
 
 def main(argv=None) -> int:
@@ -31,6 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--explain", action="store_true")
+    p.add_argument("--archive-stats-columns", help="count_path_*: delta.dataSkippingStatsColumns of the archive")
     p.add_argument("--baseline-transforms", type=Path, help="another transforms.py for the 'fixed' variant")
     p.add_argument("--jfr", type=Path, help="record a Java Flight Recorder profile of the driver JVM into this file")
     args = p.parse_args(argv)
@@ -128,7 +135,46 @@ def main(argv=None) -> int:
                 frame.collect()
                 times.append(time.monotonic() - t0)
             print(f"fixed ({label}): {[round(t, 2) for t in times]}", flush=True)
-    for name in [v for v in args.variants.split(",") if v != "fixed"]:
+    count_paths = [v for v in args.variants.split(",") if v.startswith("count_path_")]
+    if count_paths:
+        from kdq.spark.tables import ensure_tables, table_path
+        from kdq.spark.writers import append_archive
+        from kdq.tables import RAW_ARCHIVE
+
+        ensure_tables(spark, config)
+        archive_path = table_path(config, RAW_ARCHIVE)
+        if args.archive_stats_columns:
+            spark.sql(
+                f"ALTER TABLE delta.`{archive_path}` SET TBLPROPERTIES "
+                f"('delta.dataSkippingStatsColumns' = '{args.archive_stats_columns}')"
+            )
+        batch = [0]
+
+        def count_path(name: str) -> int:
+            batch[0] += 1
+            ingest_ms = ingest + batch[0] * 1000
+            classified = transforms.mark_late(transforms.classify(df, rules, stream, ingest_ms), {}, stream)
+            if name == "count_path_cached":
+                classified = classified.persist()
+                rows = transforms.batch_aggregates(classified).collect()
+                append_archive(classified, config, "micro", batch[0], batch[0], "stream")
+                classified.unpersist()
+            else:
+                append_archive(classified, config, "micro", batch[0], batch[0], "stream")
+                written = spark.read.format("delta").load(archive_path).where(
+                    (F.col("batch_id") == batch[0]) & (F.col("ingest_time") == F.timestamp_millis(F.lit(ingest_ms)))
+                )
+                rows = transforms.batch_aggregates(written).collect()
+            return sum(r["count"] for r in rows)
+
+        for _ in range(args.repeat):
+            for name in count_paths:  # interleaved: both see the same machine load
+                t0 = time.monotonic()
+                counted = count_path(name)
+                took = time.monotonic() - t0
+                assert counted == args.rows, (name, counted)
+                print(f"{name:24s} {took:6.2f} s  {args.rows / took:10,.0f} rows/s", flush=True)
+    for name in [v for v in args.variants.split(",") if v != "fixed" and not v.startswith("count_path_")]:
         frame = variant(name)
         if args.explain:
             frame.explain("formatted")
