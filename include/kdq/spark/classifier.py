@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +100,25 @@ def classifier_config(rules: RuleSet, stream: StreamConfig) -> str:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False, sort_keys=False)
 
 
+@dataclass(frozen=True)
+class ClassifierDocument:
+    """A rule set as the exact JSON document the JVM compiles (:func:`classifier_config`).
+
+    What the speed layer stores in its checkpoint with each batch (by :attr:`sha256`), so that a replay of a
+    batch after a rule change classifies it as its first attempt did.
+    """
+
+    text: str
+
+    @classmethod
+    def of(cls, rules: RuleSet, stream: StreamConfig) -> ClassifierDocument:
+        return cls(classifier_config(rules, stream))
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+
 def _java_message(exc: Exception) -> str:
     java = getattr(exc, "java_exception", None)
     if java is not None:
@@ -106,11 +126,12 @@ def _java_message(exc: Exception) -> str:
     return str(exc)
 
 
-def check_rules(spark: SparkSession, rules: RuleSet, stream: StreamConfig) -> str:
+def check_rules(spark: SparkSession, rules: RuleSet | ClassifierDocument, stream: StreamConfig) -> str:
     """Compile every rule in the driver's JVM now; :class:`RuleError` naming the file and the problem."""
     jvm = spark.sparkContext._jvm
+    document = rules if isinstance(rules, ClassifierDocument) else ClassifierDocument.of(rules, stream)
     try:
-        return str(jvm.io.kdq.spark.Classifier.check(classifier_config(rules, stream)))
+        return str(jvm.io.kdq.spark.Classifier.check(document.text))
     except Exception as exc:
         if "Classifier" in str(exc) and "does not exist" in str(exc):
             raise RuleError(
@@ -120,15 +141,20 @@ def check_rules(spark: SparkSession, rules: RuleSet, stream: StreamConfig) -> st
         raise RuleError(_java_message(exc)) from None
 
 
-def classifier(spark: SparkSession, rules: RuleSet, stream: StreamConfig) -> Callable[[Column, Column], Column]:
-    """``f(topic, value)`` → the classification struct, with the rule set checked and registered once per session."""
+def classifier(
+    spark: SparkSession, rules: RuleSet | ClassifierDocument, stream: StreamConfig
+) -> Callable[[Column, Column], Column]:
+    """``f(topic, value)`` → the classification struct, with the rule set checked and registered once per session.
+
+    ``rules`` is the current rule set, or a :class:`ClassifierDocument` (a stored one: ``stream`` is then
+    not read, the document carries its limits)."""
     from pyspark.sql import functions as F
 
-    config_json = classifier_config(rules, stream)
-    name = "kdq_classify_" + hashlib.sha256(config_json.encode("utf-8")).hexdigest()[:16]
+    document = rules if isinstance(rules, ClassifierDocument) else ClassifierDocument.of(rules, stream)
+    name = "kdq_classify_" + document.sha256[:16]
     if not spark.catalog.functionExists(name):
-        check_rules(spark, rules, stream)
+        check_rules(spark, document, stream)
         jvm = spark.sparkContext._jvm
-        udf = jvm.io.kdq.spark.Classifier(config_json)
+        udf = jvm.io.kdq.spark.Classifier(document.text)
         spark._jsparkSession.udf().register(name, udf, jvm.io.kdq.spark.Classifier.returnType())
     return lambda topic, value: F.call_function(name, topic, value)

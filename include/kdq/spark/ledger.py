@@ -1,8 +1,9 @@
 """The speed layer's batch ledger: one small JSON file per micro-batch, inside the checkpoint.
 
 Written before any output of batch N, it fixes what a replay of N must
-reproduce: the batch's ingest time and the per-topic maximum event times that
-lateness is judged against. It lives in the checkpoint folder (like Spark's own
+reproduce: the batch's ingest time, the per-topic maximum event times that
+lateness is judged against, and the hash of the rules (the classifier document,
+stored once per hash by :class:`RulesDocuments`) the batch was classified with. It lives in the checkpoint folder (like Spark's own
 offset and commit logs) and goes through Hadoop's FileSystem API, so it works on
 local disk, HDFS and object stores alike, at the cost of a few milliseconds per
 batch instead of a Delta commit.
@@ -11,6 +12,7 @@ batch instead of a Delta commit.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -83,3 +85,53 @@ class BatchLedger:
 
     def entries(self) -> list[dict]:
         return [e for e in (self.read(b) for b in self._batch_ids()) if e is not None]
+
+
+class RulesDocuments:
+    """The classifier documents batches were classified with, once per hash: ``<checkpoint>/kdq_rules/<sha256>.json``.
+
+    The speed layer stores the current document before it writes a batch's ledger entry naming its hash, so a
+    replay of that batch after a rule change finds the rules its first attempt used. Same atomic Hadoop-FS files
+    as the ledger (local disk, HDFS, s3a://). Documents are small and change only with the rules: none is deleted.
+    """
+
+    def __init__(self, spark: SparkSession, checkpoint: str, directory: str = "kdq_rules") -> None:
+        jvm = spark._jvm
+        self._jvm = jvm
+        self._dir = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/{directory}")
+        self._fs = self._dir.getFileSystem(spark._jsc.hadoopConfiguration())
+        self._stored: set[str] = set()
+
+    def _path(self, sha256: str):
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+        return self._jvm.org.apache.hadoop.fs.Path(self._dir, f"{sha256}.json")
+
+    def put(self, sha256: str, text: str) -> None:
+        """Store ``text`` under its hash unless it is there already (atomic: temporary file, then rename)."""
+        if sha256 in self._stored:
+            return
+        final = self._path(sha256)
+        if not self._fs.exists(final):
+            self._fs.mkdirs(self._dir)
+            tmp = self._jvm.org.apache.hadoop.fs.Path(self._dir, f".{sha256}.{uuid.uuid4().hex}.tmp")
+            out = self._fs.create(tmp, True)
+            try:
+                out.write(bytearray(text.encode("utf-8")))
+            finally:
+                out.close()
+            if not self._fs.rename(tmp, final):
+                self._fs.delete(tmp, False)
+                if not self._fs.exists(final):  # else another writer stored the same document first
+                    raise OSError(f"could not store the rules document {final}")
+        self._stored.add(sha256)
+
+    def get(self, sha256: str) -> str | None:
+        path = self._path(sha256)
+        if not self._fs.exists(path):
+            return None
+        stream = self._fs.open(path)
+        try:
+            return str(self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()

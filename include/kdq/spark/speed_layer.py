@@ -12,8 +12,10 @@ cannot make every other topic's records late.
 Exactly once, step by step, for micro-batch N (Spark replays N after a crash
 until its commit is in the checkpoint):
 
-1. ledger row N (ingest time, per-topic watermarks) is read if it exists,
-   else computed and appended: a replay classifies every record identically;
+1. ledger row N (ingest time, per-topic watermarks, the rules' hash) is read
+   if it exists, else computed and appended: a replay classifies every record
+   identically, with the rules of its first attempt even after a rule change
+   and a restart (the classifier document is kept in the checkpoint by hash);
 2. raw archive append and invalid-reason increments append, each guarded by
    (app id, N) as write options, on writer threads while this thread runs
    steps 3 and 4 (samples of invalid messages are a view over the archive,
@@ -50,8 +52,9 @@ from kdq.metrics_topic import ensure_metrics_topic, metrics_producer, produce_co
 from kdq.micro_batch import increments_of, merge_maxima
 from kdq.rules import RuleSet
 from kdq.spark import transforms
+from kdq.spark.classifier import ClassifierDocument
 from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
-from kdq.spark.ledger import BatchLedger
+from kdq.spark.ledger import BatchLedger, RulesDocuments
 from kdq.spark.tables import ensure_tables
 from kdq.spark.writers import (
     append_archive,
@@ -188,6 +191,9 @@ class SpeedLayer:
         self.checkpoint = checkpoint or checkpoint_dir(config)
         self.app_id = app_id_for(self.checkpoint)
         self.ledger = BatchLedger(spark, str(self.checkpoint))
+        # The rules as the JVM compiles them; a ledger entry names the hash of the document its batch used.
+        self.rules_document = ClassifierDocument.of(rules, config.stream)
+        self.rules_documents = RulesDocuments(spark, str(self.checkpoint))
         self.push_state = InfluxPushState(config)
         self.reports: dict[int, BatchReport] = {}
         self.on_report: Callable[[BatchReport], None] | None = None
@@ -247,7 +253,8 @@ class SpeedLayer:
             previous = self.ledger.latest_before(batch_id)
             ingest_ms = now_ms()
             before = dict(previous["max_event_ms_after"]) if previous else {}
-        classified = transforms.mark_late(transforms.classify(batch, self.rules, stream, ingest_ms), before, stream)
+        rules = self._rules_for(batch_id, current)
+        classified = transforms.mark_late(transforms.classify(batch, rules, stream, ingest_ms), before, stream)
         classified = classified.persist()
         lap("plan")
         report: BatchReport | None = None
@@ -262,7 +269,7 @@ class SpeedLayer:
                     raise
                 classified.unpersist()
                 batch = self._prepare(fallback_batch(self.spark, self.config, self.checkpoint, batch_id))
-                classified = transforms.mark_late(transforms.classify(batch, self.rules, stream, ingest_ms), before, stream)
+                classified = transforms.mark_late(transforms.classify(batch, rules, stream, ingest_ms), before, stream)
                 classified = classified.persist()
                 aggregates = transforms.batch_aggregates(classified).collect()
             increments_in = increments_of([row.asDict() for row in aggregates], stream.reasons_window_seconds)
@@ -277,9 +284,11 @@ class SpeedLayer:
             )
             lap("classify_aggregate")
             if not replayed:
+                self.rules_documents.put(self.rules_document.sha256, self.rules_document.text)  # before the entry naming it
                 self.ledger.write(
                     {
                         "batch_id": batch_id,
+                        "rules_sha256": self.rules_document.sha256,
                         "ingest_time_ms": ingest_ms,
                         "max_event_ms_before": before,
                         "max_event_ms_after": merge_maxima(before, increments_in.max_event_ms),
@@ -353,6 +362,28 @@ class SpeedLayer:
                     del self.reports[old]
                 if self.on_report is not None:
                     self.on_report(report)
+
+    def _rules_for(self, batch_id: int, entry: dict | None) -> RuleSet | ClassifierDocument:
+        """The rules batch ``batch_id`` is classified with: the current ones, except for a replay whose ledger entry
+        names other rules (the rules changed between its first attempt, whose outputs may have landed, and this
+        restart): the document stored under that hash. An entry from before the hash was recorded: the current."""
+        recorded = entry.get("rules_sha256") if entry else None
+        if recorded is None or recorded == self.rules_document.sha256:
+            return self.rules
+        text = self.rules_documents.get(recorded)
+        if text is None:
+            log.error(
+                "batch %d was first classified with rules %s, whose document is missing from the checkpoint "
+                "(kdq_rules/): replaying it with the current rules %s; its counts may disagree with its archived rows",
+                batch_id, recorded[:16], self.rules_document.sha256[:16],
+            )
+            return self.rules
+        log.warning(
+            "batch %d is replayed with the rules it was first classified with (%s, kept in the checkpoint), not the "
+            "current rules (%s): its outputs may have landed before the restart; the following batches use the current rules",
+            batch_id, recorded[:16], self.rules_document.sha256[:16],
+        )
+        return ClassifierDocument(text)
 
     # -- issue 13: batch progress, quarantined offsets, test faults (kept out of process_batch's steps) --------
     def _before_batch(self, batch: DataFrame, batch_id: int) -> DataFrame:

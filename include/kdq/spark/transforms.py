@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from kdq.config import StreamConfig
 from kdq.rules import RuleSet
-from kdq.spark.classifier import classifier
+from kdq.spark.classifier import ClassifierDocument, classifier
 
 VALID = "valid"
 INVALID = "invalid"
@@ -58,7 +58,7 @@ CLASSIFIED_COLUMNS = (
 
 def classify(
     records: DataFrame,
-    rules: RuleSet,
+    rules: RuleSet | ClassifierDocument,
     stream: StreamConfig,
     ingest_time: int | Column,
 ) -> DataFrame:
@@ -68,7 +68,9 @@ def classify(
     batch ledger, so a replayed batch is classified identically) or, for the
     batch layer, the archived timestamp column. The value itself is judged by
     the JVM classifier (:mod:`kdq.spark.classifier`); what remains here is the
-    clock: which time a record counts at, and one reason per record.
+    clock: which time a record counts at, and one reason per record. ``rules``
+    may be a stored :class:`ClassifierDocument` (the speed layer replaying a batch
+    with the rules it was first classified with).
     """
     ingest = ingest_time if isinstance(ingest_time, Column) else F.timestamp_millis(F.lit(int(ingest_time)))
     size_ms = stream.window_seconds * 1000
