@@ -9,8 +9,8 @@ Both sides now leave those rows out: a failed reconcile always means a real diff
 
 from __future__ import annotations
 
-from kdq.spark.reconcile import count_mismatches
 from kdq.spark.recompute import recompute_interval
+from kdq.spark.reconcile import count_mismatches
 from kdq.spark.tables import ensure_tables
 from tests.conftest import make_config
 from tests.unit.test_batch_layer import HOUR, W0, _archive, _counts, _insert_counts
