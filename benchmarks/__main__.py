@@ -7,7 +7,8 @@
 Starts its own local stack (Kafka KRaft broker + InfluxDB) on free ports with
 a temporary data folder, pre-loads the workload into Kafka, verifies it, then:
 
-1. baselines on the backlog: raw consumption ceiling, plain consumer job;
+1. baselines on the backlog: raw consumption ceiling, plain consumer job, and a Kafka Streams
+   application (exactly_once_v2, 1 and 2 stream threads; benchmarks/kstreams.py);
 2. speed layer (spark-submit, as in production) catching up on the backlog;
 3. the same stream fed at a fixed rate: end-to-end latency produce → Delta;
 4. batch layer: hourly recompute with fixed late data over a growing archive.
@@ -30,7 +31,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks import baselines, report, workload
+from benchmarks import baselines, kstreams, report, workload
 from benchmarks.measure import ProcessSampler, catch_up, commit_times, machine_busy_seconds, mean_breakdown
 from benchmarks.speed import StreamRun, write_config
 from kdq.config import Config, load_config
@@ -77,6 +78,16 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--producers", type=int, default=2, help="producer processes for the backlog")
     p.add_argument("--baseline-processes", default="1,2", help="process counts for the baselines")
     p.add_argument(
+        "--kstreams-threads", default="1,2",
+        help="num.stream.threads of the Kafka Streams baseline's runs (jvm/kstreams-baseline), comma-separated; "
+        "run on the orders-rule (and no-rule) topics, not on the --rule-variants",
+    )
+    p.add_argument("--no-kstreams", action="store_true", help="skip the Kafka Streams baseline")
+    p.add_argument(
+        "--kstreams-config", action="append", default=[], metavar="KEY=VALUE",
+        help="extra StreamsConfig setting of the Kafka Streams baseline (default: its defaults), e.g. commit.interval.ms=1000",
+    )
+    p.add_argument(
         "--latency-rate",
         help="msgs/s of the fixed-rate phases, ascending, comma-separated (default 5000,20000; quick 2000); "
         "a phase the stream cannot drain ends the series",
@@ -110,6 +121,7 @@ def parse_args(argv) -> argparse.Namespace:
             setattr(args, key, value)
     args.archive_sizes = [int(float(x)) for x in str(args.archive_sizes).split(",")]
     args.baseline_processes = [int(x) for x in args.baseline_processes.split(",") if x]
+    args.kstreams_threads = [] if args.no_kstreams else [int(x) for x in args.kstreams_threads.split(",") if x]
     args.latency_rate = sorted(int(float(x)) for x in str(args.latency_rate).split(",") if x)
     args.phases = set(args.phases.split(","))
     args.rule_variants = [v for v in args.rule_variants.split(",") if v]
@@ -325,6 +337,27 @@ def speed_phase(
     if rule == "summaries":
         config = config.with_summaries(bench_summaries(label))
     config = write_config(config, data / "kdq.toml")
+    if rule == "orders" and getattr(args, "kstreams_threads", None):
+        # The Kafka Streams baseline on the same pre-loaded topics, before the stream starts: kdq's window and
+        # allowed lateness (as its grace), the same rule file.
+        late = workload.totals_by_topic(produced["late_kinds"], schema)
+        by_topic = workload.totals_by_topic(produced["kinds"], schema)
+        result["kstreams"] = []
+        for n in args.kstreams_threads:
+            if not kstreams.available():
+                result["kstreams"].append({"kind": "kstreams", "threads": n, "error": f"not built: {kstreams.JAR_DIR} (make setup)"})
+                log.error("[%s] Kafka Streams baseline not built (%s): run make setup", label, kstreams.JAR_DIR)
+                break
+            r = kstreams.run(
+                bootstrap, topics, lambda name: stack.kafka.create_topic(name, partitions=args.partitions), n, schema_path,
+                by_topic, late, label, window_ms=config.stream.window_seconds * 1000,
+                grace_ms=config.stream.allowed_lateness_seconds * 1000, timeout_s=max(600, w.messages / 1000), work=work,
+                extra=dict(kv.split("=", 1) for kv in getattr(args, "kstreams_config", [])),
+            )
+            if r.get("msgs_per_s"):
+                r["mb_per_s"] = round(result["baselines"][0]["bytes"] / r["seconds"] / 1e6, 2) if result["baselines"] else None
+                log.info("[%s] baseline Kafka Streams x%d threads: %.0f msgs/s, checks %s", label, n, r["msgs_per_s"], r["checks"])
+            result["kstreams"].append(r)
     result["stream_settings"] = {
         "trigger_seconds": args.trigger_seconds if args.trigger_seconds is not None else config.stream.trigger_interval_seconds,
         "max_offsets_per_trigger": config.kafka.max_offsets_per_trigger,

@@ -58,8 +58,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]
         if shape not in SHAPES:
             p.error(f"--shapes: unknown shape {shape!r}; expected some of {', '.join(SHAPES)}")
     # The speed layer with the orders rule, as make bench's first run; no rule variants, no batch layer
-    # (it runs in-process, the same on either shape).
-    workload = bench.parse_args([*rest, "--schema", "on", "--rule-variants", "", "--phases", "throughput,latency"])
+    # (it runs in-process, the same on either shape), no Kafka Streams baseline (make bench has it).
+    workload = bench.parse_args([*rest, "--schema", "on", "--rule-variants", "", "--phases", "throughput,latency", "--no-kstreams"])
     return own, workload
 
 

@@ -10,6 +10,7 @@ TARGETS = {
     "p99_s": 5.0,
     "rss_gb": 4.0,
     "batch_growth_ratio": 1.5,
+    "vs_kstreams": 1.0,
 }
 
 
@@ -21,6 +22,17 @@ def _n(x, digits: int = 0) -> str:
 
 def _gb(b) -> str:
     return f"{b / 2**30:.2f} GB" if b else "–"
+
+
+KSTREAMS_NAME = "Kafka Streams (exactly_once_v2, networknt, 1 s windows, RocksDB; jvm/kstreams-baseline)"
+
+
+def kstreams_ratio(run: dict) -> tuple[float, dict] | None:
+    """kdq's catch-up msgs/s ÷ the Kafka Streams baseline's best run of the same run, with that run."""
+    from benchmarks.kstreams import best, ratio
+
+    r = ratio((run.get("catch_up") or {}).get("msgs_per_s"), run.get("kstreams", []))
+    return (r, best(run["kstreams"])) if r is not None else None
 
 
 def _best(run: dict, kind: str, processes: int | None = None) -> dict | None:
@@ -61,6 +73,14 @@ def targets(result: dict) -> list[tuple[str, str, str]]:
                 "≥ 2× the plain-consumer baseline (same cores)",
                 f"{ratio:.2f}× plain ×{plain['processes']} ({_n(plain['msgs_per_s'])} msgs/s)",
                 "yes" if ratio >= TARGETS["vs_plain"] else "no",
+            ))
+        ks = kstreams_ratio(run)
+        if ks:
+            ratio, b = ks
+            out.append((
+                "≥ 1.0× the Kafka Streams baseline's best (same run, same topics)",
+                f"{ratio:.2f}× Kafka Streams, {b['threads']} threads ({_n(b['msgs_per_s'])} msgs/s)",
+                "yes" if ratio >= TARGETS["vs_kstreams"] else "no",
             ))
     phases = [lp for lp in (run or {}).get("latency_phases", []) if lp.get("latency_s")]
     if phases:
@@ -151,6 +171,14 @@ def markdown(result: dict) -> str:
             name = "raw consumption ceiling (confluent-kafka, no work)" if b["kind"] == "raw" else "plain consumer (confluent-kafka + json + fastjsonschema + dict counts)"
             ratio = f"{cu['msgs_per_s'] / b['msgs_per_s']:.2f}" if cu else "–"
             lines.append(f"| {name} | {b['processes']} | {_n(b['msgs_per_s'])} | {_n(b['mb_per_s'], 1)} | {ratio} |")
+        for k in run.get("kstreams", []):
+            if not k.get("msgs_per_s"):
+                lines.append(f"| {KSTREAMS_NAME} | 1 JVM, {k['threads']} threads | failed: {k.get('error', '?')} | – | – |")
+                continue
+            ratio = f"{cu['msgs_per_s'] / k['msgs_per_s']:.2f}" if cu else "–"
+            lines.append(
+                f"| {KSTREAMS_NAME} | 1 JVM, {k['threads']} threads | {_n(k['msgs_per_s'])} | {_n(k.get('mb_per_s'), 1)} | {ratio} |"
+            )
         if cu:
             lines.append(
                 f"| **kdq speed layer** (Spark {run['stream_settings']['master']}, all outputs, exactly once) | 1 JVM | "
@@ -173,6 +201,21 @@ def markdown(result: dict) -> str:
                 f"Checks: archive rows = messages (exactly once): {checks['exactly_once']}; valid/invalid = ground truth: "
                 f"{checks['archive_matches_expected']}; window counts = counted rows: {checks['counted_matches']}; "
                 f"plain consumer = ground truth: {all(b.get('matches_expected', True) for b in run['baselines'])}.",
+            ]
+        done = [k for k in run.get("kstreams", []) if k.get("checks")]
+        if done:
+            c0 = done[0]["checks"]
+            lines += [
+                "",
+                "Kafka Streams: " + "; ".join(
+                    f"{k['threads']} threads: {k['seconds']} s from RUNNING to offsets committed at the end of the input and "
+                    f"repartition topics ({k['startup_seconds']} s JVM start-up before), {k['cpu_cores']} cores, "
+                    f"peak RSS {_gb(k.get('peak_rss'))}, counts = ground truth: {k['checks']['ok']}"
+                    for k in done
+                ) + f". Ground truth: verdicts by topic and status exact, every on-time record counted, "
+                f"counted + dropped as late = messages ({c0['counted']['valid']:,} valid + {c0['counted']['invalid']:,} invalid "
+                f"counted in {c0['windows']:,} windows, {c0.get('dropped_late', 0):,} of the {c0['late_in_workload']:,} late "
+                "records dropped as later than the grace).",
             ]
         phases = [lp for lp in run.get("latency_phases", []) if lp.get("latency_s")]
         if phases:
@@ -246,6 +289,11 @@ def plot(result: dict, path: Path) -> None:
             names.append(f"{b['kind']} ×{b['processes']}")
             values.append(b["msgs_per_s"])
             colors.append("#bbbbbb" if b["kind"] == "raw" else "#8fb3d9")
+        for k in run.get("kstreams", []):
+            if k.get("msgs_per_s"):
+                names.append(f"kstreams ×{k['threads']}t")
+                values.append(k["msgs_per_s"])
+                colors.append("#5cb85c")
         names.append("kdq")
         values.append(run["catch_up"]["msgs_per_s"])
         colors.append("#d9534f")

@@ -71,7 +71,7 @@ def parse_args(argv) -> argparse.Namespace:
 def run_variant(name: str, extra: list[str], args, work: Path, latency: bool) -> dict:
     out = work / name
     command = [
-        sys.executable, "-m", "benchmarks", "--baseline-processes", "1", "--output", str(out),
+        sys.executable, "-m", "benchmarks", "--baseline-processes", "1", "--no-kstreams", "--output", str(out),
         "--phases", "throughput,latency" if latency else "throughput",
         "--messages", str(args.latency_messages if latency else args.messages),
     ]

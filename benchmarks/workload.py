@@ -165,12 +165,16 @@ def _produce_slice(bootstrap: str, topics: list[str], w: Workload, worker: int, 
     gen = Generator(w.message_bytes, w.seed)
     rng = random.Random(w.seed * 1000 + worker)
     kinds: Counter = Counter()
+    late: Counter = Counter()  # shifted back beyond the allowed lateness, by (topic, kind)
     step = 1000.0 / w.event_rate
     key = str(int(time.time() * 1000)).encode()
     for i in range(worker, w.messages, workers):
         kind = choose_kind(rng, w.invalid_ratio)
         kinds[(topics[i % len(topics)], kind)] += 1
-        ts = base_ms + int(i * step) - event_offset_ms(rng, w.out_of_order, w.late, w.allowed_lateness_s)
+        shift = event_offset_ms(rng, w.out_of_order, w.late, w.allowed_lateness_s)
+        if shift > w.allowed_lateness_s * 1000:
+            late[(topics[i % len(topics)], kind)] += 1
+        ts = base_ms + int(i * step) - shift
         if i % 4096 < workers:
             key = str(int(time.time() * 1000)).encode()
         while True:
@@ -188,11 +192,13 @@ def _produce_slice(bootstrap: str, topics: list[str], w: Workload, worker: int, 
         if i % 10_000 < workers:
             producer.poll(0)
     remaining = producer.flush(120)
-    out.put({"worker": worker, "kinds": [[t, k, n] for (t, k), n in kinds.items()], "undelivered": remaining})
+    out.put({"worker": worker, "kinds": [[t, k, n] for (t, k), n in kinds.items()],
+             "late_kinds": [[t, k, n] for (t, k), n in late.items()], "undelivered": remaining})
 
 
 def produce_backlog(bootstrap: str, topics: list[str], w: Workload, workers: int = 2) -> dict:
-    """Produce ``w.messages`` into ``topics`` with ``workers`` processes; returns counts by (topic, kind) and timing."""
+    """Produce ``w.messages`` into ``topics`` with ``workers`` processes; returns counts by (topic, kind) (``kinds``;
+    ``late_kinds``: those shifted back beyond the allowed lateness) and timing."""
     base_ms = int(time.time() * 1000) - int(w.messages * 1000 / w.event_rate) - 3_600_000
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -211,10 +217,13 @@ def produce_backlog(bootstrap: str, topics: list[str], w: Workload, workers: int
     if undelivered:
         raise RuntimeError(f"{undelivered} messages were not delivered")
     kinds: Counter = Counter()
+    late: Counter = Counter()
     for r in results:
         for t, k, n in r["kinds"]:
             kinds[(t, k)] += n
-    return {"seconds": seconds, "kinds": kinds, "base_ms": base_ms}
+        for t, k, n in r["late_kinds"]:
+            late[(t, k)] += n
+    return {"seconds": seconds, "kinds": kinds, "late_kinds": late, "base_ms": base_ms}
 
 
 def end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
@@ -251,6 +260,15 @@ def totals(kinds: Counter, schema: bool) -> dict[str, int]:
     valid = sum(n for (_, k), n in kinds.items() if expected_valid(k, schema))
     invalid = sum(n for (_, k), n in kinds.items() if not expected_valid(k, schema))
     return {"valid": valid, "invalid": invalid}
+
+
+def totals_by_topic(kinds: Counter, schema: bool) -> dict[str, dict[str, int]]:
+    """Ground truth per topic: {topic: {"valid": n, "invalid": n}} from counts by (topic, kind)."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, kind), n in kinds.items():
+        row = out.setdefault(topic, {"valid": 0, "invalid": 0})
+        row["valid" if expected_valid(kind, schema) else "invalid"] += n
+    return out
 
 
 # -- producing at a fixed rate -------------------------------------------------------------------

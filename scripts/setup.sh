@@ -6,7 +6,8 @@
 #   - .venv from requirements.txt, plus the kdq package itself (editable);
 #   - the JVM jars from Maven Central (Kafka broker; Spark's Kafka connector and Delta)
 #     into .cache/jars/, and kdq's own jvm/kdq-spark-functions built (with its tests) into
-#     .cache/jars/kdq/kdq-spark-functions.jar.
+#     .cache/jars/kdq/kdq-spark-functions.jar; the benchmark's Kafka Streams baseline (jvm/kstreams-baseline)
+#     built with its dependencies into .cache/jars/kstreams-baseline/.
 # Each step is skipped when its inputs have not changed (stamp files in .cache/), so a
 # re-run takes a second or two.
 set -euo pipefail
@@ -113,6 +114,24 @@ if ! stamp_ok kdq-spark-functions "$kdq_fn_hash" || [ ! -f "$kdq_fn_jar" ]; then
   cp "$kdq_fn_dir/target/kdq-spark-functions.jar" "$kdq_fn_jar.tmp" || die "could not copy the kdq-spark-functions jar"
   mv "$kdq_fn_jar.tmp" "$kdq_fn_jar"
   stamp_set kdq-spark-functions "$kdq_fn_hash"
+fi
+
+# --- The benchmark's Kafka Streams baseline (jvm/kstreams-baseline) ----------------------
+# A small Kafka Streams application (benchmarks/kstreams.py runs it in `make bench`): its jar and its
+# runtime dependencies (kafka-streams at the broker's version, RocksDB, networknt + Jackson 3) in
+# .cache/jars/kstreams-baseline/, run as `java -cp '.cache/jars/kstreams-baseline/*'`. No tests: a few seconds.
+ksb_dir=jvm/kstreams-baseline
+ksb_out=$CACHE/jars/kstreams-baseline
+ksb_hash=$(cd "$ksb_dir" && find pom.xml src -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+if ! stamp_ok kstreams-baseline "$ksb_hash" || [ ! -f "$ksb_out/kstreams-baseline.jar" ]; then
+  say "building $ksb_dir with Maven"
+  rm -rf "$ksb_out.tmp"
+  mvn -q -B -f "$ksb_dir/pom.xml" package dependency:copy-dependencies -DincludeScope=runtime \
+    -DoutputDirectory="$ksb_out.tmp" || die "Maven could not build $ksb_dir (see the output above)"
+  cp "$ksb_dir/target/kstreams-baseline.jar" "$ksb_out.tmp/" || die "could not copy the kstreams-baseline jar"
+  rm -rf "$ksb_out"
+  mv "$ksb_out.tmp" "$ksb_out"
+  stamp_set kstreams-baseline "$ksb_hash"
 fi
 
 say "ready: .venv, $(ls "$CACHE/jars/kafka" | wc -l) Kafka jars, $(ls "$CACHE/jars/spark" | wc -l) Spark connector jars, $(influxd version 2>/dev/null | head -1)"

@@ -127,3 +127,78 @@ def test_sweep_table_has_a_row_per_variant_and_latency_apart() -> None:
     assert "| shuffle_1 | spark.shuffle_partitions = 1 | 7,761 | 9,002 | 4 | 32.9 | 8,232 | 2,060 | 0 | 1.7 | 2.00 | 43,727 | True |" in lines
     assert "| trigger_1s | trigger every 1 s | 9.5 | 12.0 | 13.1 | 14.0 | True |" in lines
     assert sum(line.startswith("| trigger_1s") for line in lines) == 1  # not in the throughput table
+
+
+# -- the Kafka Streams baseline (benchmarks/kstreams.py): its output, its ground-truth check, the ratio --------
+
+
+def test_kstreams_result_line_is_the_last_one_among_the_logs() -> None:
+    from benchmarks.kstreams import parse_output
+
+    out = "WARN something\nKSTREAMS_RESULT {\"msgs_per_s\": 1}\n[main] INFO x\nKSTREAMS_RESULT {\"msgs_per_s\": 2.5}\n"
+    assert parse_output(out) == {"msgs_per_s": 2.5}
+    with pytest.raises(ValueError, match="no result line"):
+        parse_output("Exception in thread main\n")
+
+
+def test_kstreams_output_records_parse_like_its_serializers() -> None:
+    import struct
+
+    from benchmarks.kstreams import parse_count, parse_key
+
+    assert parse_key("bench-s-0|1700000000000|valid") == ("bench-s-0", 1_700_000_000_000, "valid")
+    assert parse_key("odd|topic|5000|invalid") == ("odd|topic", 5000, "invalid")
+    assert parse_count(struct.pack(">q", 123_456_789_012)) == 123_456_789_012  # LongSerializer: big-endian
+
+
+def test_kstreams_counts_checked_against_the_ground_truth() -> None:
+    from benchmarks.kstreams import check_counts
+
+    expected = {"t0": {"valid": 90, "invalid": 10}, "t1": {"valid": 50, "invalid": 0}}
+    late = {"t0": {"valid": 3, "invalid": 1}}  # 4 records beyond the grace, all in t0
+    classified = {"t0|valid": 90, "t0|invalid": 10, "t1|valid": 50}
+    # Every on-time record counted, the 4 late ones dropped (windows 0 and 1000 of each topic).
+    counts = {("t0", 0, "valid"): 40, ("t0", 1000, "valid"): 47, ("t0", 0, "invalid"): 9, ("t1", 1000, "valid"): 50}
+    c = check_counts(counts, expected, late, classified, dropped=4.0)
+    assert c["ok"] and c["within_ground_truth"] and c["classified_matches"] and c["counted_plus_dropped_is_messages"]
+    assert c["counted"] == {"valid": 137, "invalid": 9}
+    assert (c["windows"], c["late_counted"], c["late_in_workload"], c["dropped_late"]) == (4, 0, 4, 4)
+    # A late record its task still accepted (stream time not past its window's grace yet): within the truth.
+    counts2 = {**counts, ("t0", 0, "valid"): 41}
+    c = check_counts(counts2, expected, late, classified, dropped=3)
+    assert c["ok"] and c["late_counted"] == 1
+    # An on-time record not counted: out of bounds, even when the dropped metric makes the sum right.
+    counts3 = {**counts, ("t1", 1000, "valid"): 49}
+    c = check_counts(counts3, expected, late, classified, dropped=5)
+    assert not c["ok"] and not c["within_ground_truth"]
+    assert c["out_of_bounds"] == [{"topic": "t1", "status": "valid", "counted": 49, "expected": 50, "on_time": 50}]
+    # Counted twice (more than the workload holds), or under a status that has none.
+    assert not check_counts({**counts, ("t1", 0, "valid"): 1}, expected, late)["ok"]
+    assert not check_counts({**counts, ("t1", 0, "invalid"): 1}, expected, late)["ok"]
+    # Verdicts that differ from the ground truth, or a dropped count that does not add up.
+    assert not check_counts(counts, expected, late, {**classified, "t1|invalid": 1}, dropped=4)["ok"]
+    assert not check_counts(counts, expected, late, classified, dropped=2)["ok"]
+
+
+def test_kdq_over_kstreams_is_against_its_best_completed_run() -> None:
+    from benchmarks.kstreams import best, ratio
+    from benchmarks.report import targets
+
+    runs = [{"threads": 1, "msgs_per_s": 50_000.0}, {"threads": 2, "msgs_per_s": 64_000.0}, {"threads": 4, "error": "boom"}]
+    assert best(runs)["threads"] == 2
+    assert ratio(16_000, runs) == pytest.approx(0.25)
+    assert ratio(None, runs) is None and ratio(16_000, [runs[2]]) is None
+    run = {"schema": True, "rule": "orders", "baselines": [{"kind": "plain", "processes": 2, "msgs_per_s": 60_000}], "kstreams": runs,
+           "catch_up": {"msgs_per_s": 64_000, "steady_msgs_per_s": 70_000}}
+    row = next(r for r in targets({"runs": [run]}) if "Kafka Streams" in r[0])
+    assert row[1:] == ("1.00× Kafka Streams, 2 threads (64,000 msgs/s)", "yes")
+
+
+def test_ground_truth_by_topic_splits_kinds_into_verdicts() -> None:
+    from collections import Counter
+
+    from benchmarks.workload import totals_by_topic
+
+    kinds = Counter({("a", VALID): 5, ("a", "neg_amount"): 2, ("a", "not_json"): 1, ("b", "not_utf8"): 3})
+    assert totals_by_topic(kinds, schema=True) == {"a": {"valid": 5, "invalid": 3}, "b": {"valid": 0, "invalid": 3}}
+    assert totals_by_topic(kinds, schema=False) == {"a": {"valid": 7, "invalid": 1}, "b": {"valid": 0, "invalid": 3}}
