@@ -81,6 +81,7 @@ from kdq.spark.corrections import latest_attempt, record_then_apply
 from kdq.spark.retention import counts_with_retired
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import (
+    STALE_READ,
     adjust_invalid_reasons,
     append_once,
     idempotent_write,
@@ -332,25 +333,38 @@ def append_corrections(
 
 
 def _merge_absolute(spark: SparkSession, config: Config, changed: Sequence[dict], app_id: str, version: int) -> None:
-    """Set absolute counts (deleting rows that became 0) for the changed keys, once per (app id, version)."""
+    """Set absolute counts (deleting rows that became 0) for the changed keys, once per (app id, version).
+
+    A compare-and-set: every key's stored count must still be the ``old_count`` its job read (0 for no
+    row). Otherwise another writer (a stream micro-batch, another batch job) changed it in between, and
+    writing would lose that change: the MERGE fails with :data:`kdq.spark.writers.STALE_READ`, commits
+    nothing, and the job reads again (``retry_on_conflict`` treats it as a conflict).
+    """
     from delta.tables import DeltaTable
 
     source = spark.createDataFrame(
         [
-            (r["topic"], r["window_start_ms"], r["window_end_ms"], r["status"], r["new_count"], r["rules_version"])
+            (r["topic"], r["window_start_ms"], r["window_end_ms"], r["status"], r["new_count"], r["old_count"],
+             r["rules_version"])
             for r in changed
         ],
-        "topic STRING, window_start_ms BIGINT, window_end_ms BIGINT, status STRING, count BIGINT, rules_version STRING",
+        "topic STRING, window_start_ms BIGINT, window_end_ms BIGINT, status STRING, count BIGINT, old_count BIGINT, "
+        "rules_version STRING",
     ).select(
         "topic",
         F.timestamp_millis("window_start_ms").alias("window_start"),
         F.timestamp_millis("window_end_ms").alias("window_end"),
         "status",
         "count",
+        "old_count",
         F.current_timestamp().alias("updated_at"),
         F.lit(BATCH).alias("updated_by"),
         "rules_version",
         F.to_date(F.timestamp_millis("window_start_ms")).alias("window_date"),
+    )
+    stale = (
+        f"raise_error(concat('{STALE_READ}: window_counts ', s.topic, ' ', CAST(s.window_start AS STRING), ' ', "
+        "s.status, ' changed since it was read (another writer); read again'))"
     )
     dates = sorted({date_literal(r["window_start_ms"]) for r in changed})
     lo = min(r["window_start_ms"] for r in changed)
@@ -364,17 +378,23 @@ def _merge_absolute(spark: SparkSession, config: Config, changed: Sequence[dict]
     with idempotent_write(spark, app_id, version):
         (
             target.merge(source.alias("s"), condition)
-            .whenMatchedDelete(condition="s.count = 0")
+            .whenMatchedDelete(condition="s.count = 0 AND t.count = s.old_count")
             .whenMatchedUpdate(
                 set={
-                    "count": "s.count",
+                    "count": f"CASE WHEN t.count = s.old_count THEN s.count ELSE {stale} END",
                     "window_end": "s.window_end",
                     "updated_at": "s.updated_at",
                     "updated_by": "s.updated_by",
                     "rules_version": "s.rules_version",
                 }
             )
-            .whenNotMatchedInsertAll(condition="s.count > 0")
+            .whenNotMatchedInsert(
+                condition="s.count > 0",
+                values={
+                    **{c: f"s.{c}" for c in WINDOW_COUNTS.column_names},
+                    "count": f"CASE WHEN s.old_count = 0 THEN s.count ELSE {stale} END",
+                },
+            )
             .execute()
         )
 

@@ -37,12 +37,17 @@ computed with another rules version. A rebuild covers a window range
    re-selects the same records, finds the counts already equal, and finishes
    the archive update.
 
-**Rebuild closed windows only.** Like the hourly recompute, a rebuild sets
-absolute counts; a window the speed layer may still increment (newer than the
-topic's watermark minus ``stream.allowed_lateness_seconds``) could race with a
-micro-batch. Rebuild ranges older than the allowed lateness (the stream keeps
-counting newer windows with the current rules anyway, once restarted with them).
-Both Delta MERGEs retry on a conflicting concurrent commit.
+**Beside the running stream.** A rebuild sets absolute counts while the
+stream may still add increments to the same windows. It reads through a
+consistent cut (:mod:`kdq.spark.stream_cut`): the stored counts at one
+``window_counts`` version, the archive and ``invalid_reasons`` without the
+rows of the stream's micro-batches that version does not hold yet (their
+MERGEs add them on top), and it writes with a compare-and-set (a stored count
+changed since the cut makes the write fail and the rebuild start over from a
+new cut, up to ``MAX_ATTEMPTS`` times). Windows the stream still counts get
+the new rules for the records already counted; the stream's own later
+batches count with the rules it runs with. The archive update rewrites only
+the cut's rows. Both Delta MERGEs retry on a conflicting concurrent commit.
 
 **Cost.** The range's archive partitions are read (twice: counts, then the
 archive update); the touched windows' keys and counts are collected on the
@@ -82,8 +87,9 @@ from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
 from kdq.spark.corrections import record_then_apply
 from kdq.spark.retention import read_retired, retired_hours
+from kdq.spark.stream_cut import StreamCut, archive_at, counts_at, reasons_at, stream_cut
 from kdq.spark.tables import table_path
-from kdq.spark.writers import adjust_invalid_reasons, retry_on_conflict
+from kdq.spark.writers import adjust_invalid_reasons, is_stale_read, retry_on_conflict
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import CORRECTIONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.windows import range_dates, range_hours
@@ -92,6 +98,7 @@ log = logging.getLogger("kdq.rebuild")
 
 REBUILD = "rebuild"
 RULE_CHANGE = "rule_change"
+MAX_ATTEMPTS = 10  # cuts a rebuild takes before giving up on a stream that keeps changing its windows
 _RECLASSIFIED = ("event_time", "window_start", "valid", "reason", "rules_version", "event_hour")
 
 
@@ -134,13 +141,13 @@ def rebuild_counts(
     from_ms: int,
     to_ms: int,
     topics: Sequence[str] | None,
+    cut: StreamCut,
 ) -> tuple[list[dict], list[tuple[str, int]]]:
     """Absolute counts of every window the rebuild touches (see module doc), collected:
     (rows of topic, w (window start millis), status, count, rules_version; the (topic, w) windows)."""
     in_range = (F.col("window_start") >= _ts(from_ms)) & (F.col("window_start") < _ts(to_ms))
     stored = (
-        spark.read.format("delta")
-        .load(table_path(config, WINDOW_COUNTS))
+        counts_at(spark, config, cut)
         .where(f"window_date IN ({', '.join(range_dates(from_ms, to_ms))})")
         .where(in_range & _topic_filter(topics))
         .select("topic", "window_start")
@@ -178,8 +185,10 @@ def _diff(
     rules: RuleSet,
     from_ms: int,
     to_ms: int,
+    cut: StreamCut,
 ) -> tuple[list[dict], list[dict]]:
-    """(count changes, version-only changes) for every (window, status) of ``windows``."""
+    """(count changes, version-only changes) for every (window, status) of ``windows``, against the counts
+    the cut read (the compare-and-set of the write checks they are still stored)."""
     if not windows:
         return [], []
     size_ms = config.stream.window_seconds * 1000
@@ -189,8 +198,7 @@ def _diff(
     dates = sorted({date_literal(w) for _, w in keys})
     lo, hi = min(w for _, w in keys), max(w for _, w in keys)
     old_rows = (
-        spark.read.format("delta")
-        .load(table_path(config, WINDOW_COUNTS))
+        counts_at(spark, config, cut)
         .where(f"window_date IN ({', '.join(dates)})")
         .where(f"window_start BETWEEN {timestamp_literal(lo)} AND {timestamp_literal(hi)}")
         .join(F.broadcast(wanted), ["topic", "window_start"], "left_semi")
@@ -265,6 +273,7 @@ def apply_rebuild(
             "rebuild",
         ),
         "rebuild",
+        stale_reads=False,  # the changes were computed from a cut: rebuild() starts over from a new one
     )
 
 
@@ -276,9 +285,10 @@ def correct_reasons(
     from_ms: int,
     to_ms: int,
     topics: Sequence[str] | None,
+    cut: StreamCut,
 ) -> int:
     """Set ``invalid_reasons`` of the rebuilt range to the reasons of the re-judged records; returns
-    the rows appended.
+    the rows appended. Compared with the reasons the cut holds (the stream's later batches append theirs).
 
     Per (topic, coarse reasons window overlapping [from, to), reason): the re-judged records of the
     range plus the archived ones of the coarse windows' parts outside it, minus what the table sums
@@ -296,7 +306,10 @@ def correct_reasons(
     ).select("topic", "window_start", "valid", "reason")
     records = reclassified.select("topic", "window_start", "valid", "reason").where(coarse).unionByName(outside)
     target = transforms.reason_counts(records, config.stream.reasons_window_seconds)
-    return adjust_invalid_reasons(spark, config, target, coarse, None, f"{rebuild_app_id(from_ms, to_ms)}-reasons")
+    return adjust_invalid_reasons(
+        spark, config, target, coarse, None, f"{rebuild_app_id(from_ms, to_ms)}-reasons",
+        table=lambda: reasons_at(spark, config, cut),
+    )
 
 
 def update_archive(
@@ -306,16 +319,18 @@ def update_archive(
     from_ms: int,
     to_ms: int,
     topics: Sequence[str] | None,
+    cut: StreamCut,
 ) -> int:
     """Write the new classification of changed rows into the archive; returns how many rows changed.
 
-    The MERGE source is built from a fresh, uncached read (Delta refuses a
+    Only the cut's rows: a micro-batch the cut left out adds its own increments, computed with the
+    verdicts it archived. The MERGE source is built from a fresh, uncached read (Delta refuses a
     source whose plan's caching changes while the MERGE runs).
     """
     from delta.tables import DeltaTable
 
     keys = ["topic", "partition", "offset"]
-    selected = rebuild_selection(spark.read.format("delta").load(table_path(config, RAW_ARCHIVE)), from_ms, to_ms, topics)
+    selected = rebuild_selection(archive_at(spark, config, cut), from_ms, to_ms, topics)
     old = selected.select(*keys, *[F.col(c).alias(f"old_{c}") for c in _RECLASSIFIED])
     differs = " OR ".join(f"NOT (old_{c} <=> {c})" for c in _RECLASSIFIED)
     source = reclassify(selected, rules, config).select(*keys, *_RECLASSIFIED).join(old, keys).where(differs)
@@ -365,15 +380,56 @@ def rebuild(
             f"rebuild {iso(from_ms)}..{iso(to_ms)}: archive retention deleted raw records of {len(gone)} hour(s) "
             f"in the range ({gone[0]} .. {gone[-1]}); rebuild a range after {gone[-1]} (UTC hour) instead"
         )
-    archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        cut = stream_cut(spark, config)
+        try:
+            report, changed = _rebuild_at(spark, config, rules, interval, topics, run_id, cut)
+            break
+        except Exception as exc:
+            if attempt == MAX_ATTEMPTS or not is_stale_read(exc):
+                raise
+            log.warning("rebuild %s..%s: a window changed since its cut (attempt %d); reading again",
+                        iso(from_ms), iso(to_ms), attempt)
+    # After the counts (see the module doc), and with nothing of this rebuild cached any more.
+    report.archive_rows_updated = (
+        update_archive(spark, config, rules, from_ms, to_ms, topics, cut) if update_archive_rows else None
+    )
+    if push:
+        keys = [(r["topic"], r["window_start_ms"], r["status"]) for r in changed]
+        # Every window a rebuild of this range ever corrected: a run whose push failed is fixed by re-running.
+        keys += bl.interval_corrections(spark, config, interval)
+        pushed = bl.push_corrections(spark, config, keys)
+        report.push = pushed
+        report.ok = bool(pushed["influx_ok"])
+        if config.summaries:
+            from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections
+
+            pushed = push_summary_corrections(spark, config, interval_summary_corrections(spark, config, interval))
+            report.summary_push = pushed
+            report.ok = report.ok and bool(pushed["influx_ok"])
+    return report
+
+
+def _rebuild_at(
+    spark: SparkSession,
+    config: Config,
+    rules: RuleSet,
+    interval: tuple[int, int],
+    topics: Sequence[str] | None,
+    run_id: str,
+    cut: StreamCut,
+) -> tuple[RebuildReport, list[dict]]:
+    """Counts, corrections and reasons of one rebuild through one cut; (its report, the changed rows)."""
+    from_ms, to_ms = interval
+    archive = archive_at(spark, config, cut)
     selected = rebuild_selection(archive, from_ms, to_ms, topics).persist()
     try:
         reclassified = reclassify(selected, rules, config).persist()
         try:
-            counts, windows = rebuild_counts(spark, config, archive, selected, reclassified, from_ms, to_ms, topics)
-            changed, version_only = _diff(spark, config, counts, windows, rules, from_ms, to_ms)
+            counts, windows = rebuild_counts(spark, config, archive, selected, reclassified, from_ms, to_ms, topics, cut)
+            changed, version_only = _diff(spark, config, counts, windows, rules, from_ms, to_ms, cut)
             apply_rebuild(spark, config, changed, version_only, run_id, interval)
-            reason_rows = correct_reasons(spark, config, archive, reclassified, from_ms, to_ms, topics)
+            reason_rows = correct_reasons(spark, config, archive, reclassified, from_ms, to_ms, topics, cut)
             report = RebuildReport(
                 run_id=run_id,
                 from_=iso(from_ms),
@@ -404,19 +460,4 @@ def rebuild(
             reclassified.unpersist()
     finally:
         selected.unpersist()
-    # After the counts (see the module doc), and with nothing of this rebuild cached any more.
-    report.archive_rows_updated = update_archive(spark, config, rules, from_ms, to_ms, topics) if update_archive_rows else None
-    if push:
-        keys = [(r["topic"], r["window_start_ms"], r["status"]) for r in changed]
-        # Every window a rebuild of this range ever corrected: a run whose push failed is fixed by re-running.
-        keys += bl.interval_corrections(spark, config, interval)
-        pushed = bl.push_corrections(spark, config, keys)
-        report.push = pushed
-        report.ok = bool(pushed["influx_ok"])
-        if config.summaries:
-            from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections
-
-            pushed = push_summary_corrections(spark, config, interval_summary_corrections(spark, config, interval))
-            report.summary_push = pushed
-            report.ok = report.ok and bool(pushed["influx_ok"])
-    return report
+    return report, changed

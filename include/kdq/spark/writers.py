@@ -50,21 +50,35 @@ def idempotent_write(spark: SparkSession, app_id: str, version: int) -> Iterator
         spark.conf.unset(TXN_VERSION)
 
 
+# The compare-and-set of an absolute write found a stored value other than the one its job read (another
+# writer got there in between): raised inside the MERGE, so nothing of it is committed.
+STALE_READ = "KDQ_STALE_READ"
+
+
+def is_stale_read(exc: Exception) -> bool:
+    return STALE_READ in str(exc)
+
+
 def is_conflict(exc: Exception) -> bool:
-    """A Delta optimistic-concurrency conflict (another writer committed to the same files first)."""
+    """A Delta optimistic-concurrency conflict (another writer committed to the same files first), or a
+    compare-and-set that found the stored value changed since it was read (:data:`STALE_READ`)."""
     text = f"{type(exc).__name__} {exc}"
-    return "Concurrent" in text or "DELTA_CONCURRENT" in text
+    return "Concurrent" in text or "DELTA_CONCURRENT" in text or STALE_READ in text
 
 
-def retry_on_conflict(action: Callable[[], T], what: str = "Delta write", attempts: int = 5) -> T:
+def retry_on_conflict(
+    action: Callable[[], T], what: str = "Delta write", attempts: int = 5, stale_reads: bool = True
+) -> T:
     """Run a Delta write again when another writer (the stream, the batch layer, maintenance)
     committed first to the same files. Safe because every kdq write is idempotent per
-    (app id, version): a retry after a commit that did land is skipped by Delta."""
+    (app id, version): a retry after a commit that did land is skipped by Delta. ``stale_reads``: also
+    when a compare-and-set found its read outdated (only useful when ``action`` reads again); False
+    raises that at once, for a caller that starts over itself."""
     for attempt in range(1, attempts + 1):
         try:
             return action()
         except Exception as exc:  # py4j surfaces Delta's conflict exceptions generically
-            if attempt == attempts or not is_conflict(exc):
+            if attempt == attempts or not is_conflict(exc) or (not stale_reads and is_stale_read(exc)):
                 raise
             log.warning("%s conflicted with a concurrent commit (attempt %d): %s", what, attempt, str(exc)[:300])
             time.sleep(min(2.0 * attempt, 10.0))
@@ -208,20 +222,27 @@ def append_reason_rows(
 
 
 def adjust_invalid_reasons(
-    spark: SparkSession, config: Config, target: DataFrame, scope: Column, batch_id: int | None, app_id: str
+    spark: SparkSession,
+    config: Config,
+    target: DataFrame,
+    scope: Column,
+    batch_id: int | None,
+    app_id: str,
+    table: Callable[[], DataFrame] | None = None,
 ) -> int:
     """Append the (topic, window, reason) increments that make the ``invalid_reasons`` rows matching
     ``scope`` sum to ``target`` ((topic, window_start, reason, count)); returns how many were appended.
 
-    Computed against what the table holds, so a re-run appends nothing; Delta's idempotent write
-    (``app_id``, next version) makes two concurrent runs append once.
+    Computed against what the table holds (``table()``, default: its latest version; a rebuild passes the
+    rows of its stream cut, :mod:`kdq.spark.stream_cut`), so a re-run appends nothing; Delta's idempotent
+    write (``app_id``, next version) makes two concurrent runs append once.
     """
     path = table_path(config, INVALID_REASONS)
 
     def once() -> int:
         version = txn_version(spark, path, app_id)
         current = (
-            spark.read.format("delta").load(path).where(scope)
+            (table() if table is not None else spark.read.format("delta").load(path)).where(scope)
             .groupBy("topic", "window_start", "reason").agg(F.sum("count").alias("count"))
         )
         rows = [r.asDict() for r in reason_differences(target, current).collect()]

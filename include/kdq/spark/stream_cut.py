@@ -1,0 +1,182 @@
+"""What of the stream's work an absolute write of ``window_counts`` may count: a consistent cut.
+
+The stream adds per-window *increments* (a MERGE per micro-batch, guarded by its checkpoint's app id and
+the batch id) and appends the batch's records to the raw archive and its reasons to ``invalid_reasons``
+beside it, as separate commits. A job that sets *absolute* counts from the archive (a rebuild, the hourly
+recompute) while the stream runs must count exactly the records the stored counts already hold. Two races
+break that (issue 23 item 1, 820 records lost under ``make run``):
+
+* a micro-batch whose archive rows the job counts but whose MERGE lands after the job's write adds its
+  increments on top of an absolute count that already had them: counted twice;
+* a micro-batch whose MERGE lands between the job's read of the stored counts and its write is
+  overwritten: lost.
+
+The cut takes the stored counts at one ``window_counts`` version ``V`` and, from the Delta log of that
+version, the last micro-batch ``T`` whose MERGE it holds (the stream's txn version). The archive (and the
+reasons) are read at versions that hold every batch up to ``T`` (waiting briefly for the stream's appends,
+which run beside its MERGE), and the rows of the stream's later batches are left out: stream-counted rows
+ingested at or after the ingest time of batch ``T + 1`` (from the batch ledger; ingest times grow with
+batch ids, and an older checkpoint's batches all predate this one's). The first race is gone by
+construction. The second is caught at the write: :func:`kdq.spark.batch_layer._merge_absolute` checks that
+each stored count is still the one read (a compare-and-set inside the MERGE) and the job starts over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from kdq import storage
+from kdq.checkpoint_offsets import speed_layer_checkpoint
+from kdq.config import Config
+from kdq.spark.tables import table_path
+from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
+
+log = logging.getLogger("kdq.batch")
+
+
+class StreamAppendsBehind(RuntimeError):
+    """The stream's archive (or reasons) append of a batch whose MERGE landed did not land in time."""
+
+
+@dataclass(frozen=True)
+class StreamCut:
+    """Versions to read and the stream rows to leave out (see the module doc).
+
+    ``app_id``: the stream checkpoint's app id (None: no stream has run here, nothing to leave out);
+    ``counts_version``: the ``window_counts`` version the stored counts are read at; ``last_merged``: the
+    stream's last batch held by it (-1: none); ``archive_version`` / ``reasons_version``: the versions the
+    archive and ``invalid_reasons`` are read at; ``excluded_from_ms``: the ingest time of batch
+    ``last_merged + 1`` when those versions hold rows of it or later batches (None: they hold none).
+    """
+
+    app_id: str | None
+    counts_version: int
+    last_merged: int
+    archive_version: int
+    reasons_version: int
+    excluded_from_ms: int | None
+
+    def archive_rows(self) -> Column:
+        """Archive rows the stored counts may hold: all but the stream-counted rows of later batches."""
+        if self.excluded_from_ms is None:
+            return F.lit(True)
+        later = (
+            (F.coalesce(F.col("source"), F.lit("")) == "stream")
+            & F.col("counted")
+            & (F.col("ingest_time") >= F.timestamp_millis(F.lit(self.excluded_from_ms)))
+        )
+        return ~later
+
+    def reason_rows(self) -> Column:
+        """``invalid_reasons`` rows the cut holds: adjustments (no batch id) and the stream's batches up to
+        ``last_merged`` (a stream row's ``updated_at`` is taken after its batch's ingest time)."""
+        if self.excluded_from_ms is None:
+            return F.lit(True)
+        return F.col("batch_id").isNull() | (F.col("batch_id") < 0) | (
+            F.col("updated_at") < F.timestamp_millis(F.lit(self.excluded_from_ms))
+        )
+
+
+def _stream_app_id(config: Config) -> str | None:
+    path = storage.join(speed_layer_checkpoint(config), "kdq_app_id")
+    try:
+        return storage.files_for(path).read_bytes(path).decode().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _snapshot(spark: SparkSession, path: str):
+    jvm = spark._jvm
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+
+def _txn(snapshot, app_id: str | None) -> int:
+    if app_id is None:
+        return -1
+    version = snapshot.transactions().get(app_id)
+    return int(version.get()) if version.isDefined() else -1
+
+
+def _ledger_entry(config: Config, batch_id: int) -> dict | None:
+    path = storage.join(speed_layer_checkpoint(config), "kdq_ledger", batch_id)
+    try:
+        return json.loads(storage.files_for(path).read_bytes(path))
+    except FileNotFoundError:
+        return None
+
+
+def _ledger_ingest_ms(config: Config, batch_id: int) -> int:
+    entry = _ledger_entry(config, batch_id)
+    if entry is None:  # its appends landed, so its entry was written first: the ledger was trimmed or lost
+        raise StreamAppendsBehind(f"the stream's ledger has no entry for micro-batch {batch_id}, whose rows landed")
+    return int(entry["ingest_time_ms"])
+
+
+def _ledger_invalid_rows(config: Config, batch_id: int) -> int | None:
+    if batch_id < 0:
+        return 0
+    entry = _ledger_entry(config, batch_id)
+    return None if entry is None else int(entry.get("invalid_rows", 1))
+
+
+def stream_cut(spark: SparkSession, config: Config, wait_seconds: float = 120.0) -> StreamCut:
+    """The cut as of now (reads three Delta logs and at most one ledger entry); waits up to
+    ``wait_seconds`` for the stream's appends of its last merged batch, else :class:`StreamAppendsBehind`."""
+    app_id = _stream_app_id(config)
+    counts = _snapshot(spark, table_path(config, WINDOW_COUNTS))
+    last_merged = _txn(counts, app_id)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        archive = _snapshot(spark, table_path(config, RAW_ARCHIVE))
+        reasons = _snapshot(spark, table_path(config, INVALID_REASONS))
+        archived, reasoned = _txn(archive, app_id), _txn(reasons, app_id)
+        # A batch with no counted invalid record appends no reasons, so its guard is never recorded there:
+        # its ledger entry says so (invalid_rows), and every batch before it has committed.
+        reasons_done = reasoned >= last_merged or _ledger_invalid_rows(config, last_merged) == 0
+        if archived >= last_merged and reasons_done:
+            break
+        if time.monotonic() > deadline:
+            raise StreamAppendsBehind(
+                f"the stream's micro-batch {last_merged} is in window_counts but its appends have not landed "
+                f"after {wait_seconds:.0f}s (archive holds batch {archived}, invalid_reasons {reasoned}); "
+                "retry later"
+            )
+        time.sleep(1.0)
+    newest = max(archived, reasoned)
+    excluded = _ledger_ingest_ms(config, last_merged + 1) if app_id is not None and newest > last_merged else None
+    cut = StreamCut(
+        app_id=app_id,
+        counts_version=int(counts.version()),
+        last_merged=last_merged,
+        archive_version=int(archive.version()),
+        reasons_version=int(reasons.version()),
+        excluded_from_ms=excluded,
+    )
+    log.info("stream cut: %s", cut)
+    return cut
+
+
+def read_at(spark: SparkSession, config: Config, spec, version: int) -> DataFrame:
+    return spark.read.format("delta").option("versionAsOf", int(version)).load(table_path(config, spec))
+
+
+def archive_at(spark: SparkSession, config: Config, cut: StreamCut) -> DataFrame:
+    """The archive rows the cut's stored counts may hold."""
+    return read_at(spark, config, RAW_ARCHIVE, cut.archive_version).where(cut.archive_rows())
+
+
+def counts_at(spark: SparkSession, config: Config, cut: StreamCut) -> DataFrame:
+    """``window_counts`` as the cut read it."""
+    return read_at(spark, config, WINDOW_COUNTS, cut.counts_version)
+
+
+def reasons_at(spark: SparkSession, config: Config, cut: StreamCut) -> DataFrame:
+    """``invalid_reasons`` rows the cut holds."""
+    return read_at(spark, config, INVALID_REASONS, cut.reasons_version).where(cut.reason_rows())
