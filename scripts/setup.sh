@@ -84,7 +84,8 @@ fetch_jars spark jvm/spark-connectors -DexcludeTransitive=true
 # `make test-cluster`). hadoop-aws at pyspark's Hadoop version and the AWS SDK v2 modules it uses (17 MB),
 # not the SDK bundle (every service, ~600 MB), and its DynamoDB module; minus what pyspark/jars already holds (see
 # the pom). Then kdq's DynamoDB log store (jvm/hadoop-aws/kdq-dynamodb: Delta commits of concurrent writers on
-# s3a:// coordinated through DynamoDB), built into the same folder.
+# s3a:// coordinated through DynamoDB), built into the same folder; `package` runs its JUnit tests (about 15 s;
+# `make test-cluster` runs them again, tests/integration/test_dynamodb_log_store.py).
 if [ "${KDQ_SETUP_S3:-0}" = 1 ]; then
   fetch_jars hadoop-aws jvm/hadoop-aws -DincludeScope=runtime \
     -DexcludeGroupIds=io.netty,org.slf4j,commons-logging,commons-codec,org.apache.httpcomponents,com.fasterxml.jackson.core,joda-time
@@ -92,8 +93,8 @@ if [ "${KDQ_SETUP_S3:-0}" = 1 ]; then
   ddb_jar=$CACHE/jars/hadoop-aws/kdq-dynamodb.jar
   ddb_hash=$(cd "$ddb_dir" && find pom.xml src -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
   if ! stamp_ok kdq-dynamodb "$ddb_hash" || [ ! -f "$ddb_jar" ]; then
-    say "building $ddb_dir with Maven"
-    mvn -q -B -f "$ddb_dir/pom.xml" package || die "Maven could not build $ddb_dir (see the output above)"
+    say "building $ddb_dir with Maven (its tests included)"
+    mvn -q -B -f "$ddb_dir/pom.xml" package || die "Maven could not build $ddb_dir (compile or test failure, see the output above)"
     cp "$ddb_dir/target/kdq-dynamodb.jar" "$ddb_jar.tmp" || die "could not copy the kdq-dynamodb jar"
     mv "$ddb_jar.tmp" "$ddb_jar"
     stamp_set kdq-dynamodb "$ddb_hash"

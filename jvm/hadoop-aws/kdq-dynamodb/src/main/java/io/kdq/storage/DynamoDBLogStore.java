@@ -20,6 +20,8 @@ import org.apache.hadoop.fs.FSDataOutputStream;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 import software.amazon.awssdk.auth.credentials.AwsBasicCredentials;
 import software.amazon.awssdk.auth.credentials.AwsCredentials;
 import software.amazon.awssdk.auth.credentials.AwsCredentialsProvider;
@@ -34,6 +36,7 @@ import software.amazon.awssdk.services.dynamodb.model.AttributeDefinition;
 import software.amazon.awssdk.services.dynamodb.model.AttributeValue;
 import software.amazon.awssdk.services.dynamodb.model.BillingMode;
 import software.amazon.awssdk.services.dynamodb.model.ConditionalCheckFailedException;
+import software.amazon.awssdk.services.dynamodb.model.GetItemRequest;
 import software.amazon.awssdk.services.dynamodb.model.KeySchemaElement;
 import software.amazon.awssdk.services.dynamodb.model.KeyType;
 import software.amazon.awssdk.services.dynamodb.model.PutItemRequest;
@@ -63,7 +66,9 @@ import software.amazon.awssdk.services.dynamodb.model.TableStatus;
  *
  * <p>A writer that dies between 3 and 5 leaves an incomplete latest item: the next commit or listing of the table
  * (every reader lists the log) copies its temporary file to {@code N.json} and completes it, so the claimed version
- * is never a hole. The items have the layout of Delta's own DynamoDB log store (tablePath HASH, fileName RANGE,
+ * is never a hole. Once the claim is in DynamoDB the version is decided: a failure of the copy or of the completion
+ * is logged, not thrown, as in Delta's S3DynamoDBLogStore (the caller would report a failed commit that the next
+ * reader completes). The items have the layout of Delta's own DynamoDB log store (tablePath HASH, fileName RANGE,
  * tempPath relative to {@code _delta_log}, complete "true"/"false", expireTime).
  *
  * <p>Settings (Spark's configuration, which Delta hands to a log store with its Hadoop configuration):
@@ -78,23 +83,36 @@ public class DynamoDBLogStore extends HadoopFileSystemLogStore {
   public static final String PREFIX = "spark.kdq.dynamodb.";
   private static final Pattern DELTA_FILE = Pattern.compile("\\d+\\.json");
   private static final Map<String, DynamoDbClient> CLIENTS = new ConcurrentHashMap<>();
+  private static final Logger LOG = LoggerFactory.getLogger(DynamoDBLogStore.class);
+  /** Attempts of the recovery of an incomplete commit before a listing or a commit gives up (Delta's: 4). */
+  static final int FIX_ATTEMPTS = 4;
 
   private final DynamoDbClient client;
   private final String table;
   private final long ttlSeconds;
 
   public DynamoDBLogStore(Configuration conf) throws IOException {
+    this(conf, client(conf));
+  }
+
+  /** A log store on the given client (the tests' in-memory DynamoDB). */
+  DynamoDBLogStore(Configuration conf, DynamoDbClient client) throws IOException {
     super(conf);
     table = setting(conf, "table", "kdq_delta_log");
     ttlSeconds = Long.parseLong(setting(conf, "ttlSeconds", "86400"));
+    this.client = client;
+    ensureTable();
+  }
+
+  private static DynamoDbClient client(Configuration conf) throws IOException {
+    String table = setting(conf, "table", "kdq_delta_log");
     String region = setting(conf, "region", "us-east-1");
     String endpoint = setting(conf, "endpoint", "");
     String key = secret(conf, "fs.s3a.access.key");
     String secretKey = secret(conf, "fs.s3a.secret.key");
     String token = secret(conf, "fs.s3a.session.token");
     String id = String.join("\n", table, region, endpoint, key == null ? "" : key, token == null ? "" : token);
-    client = CLIENTS.computeIfAbsent(id, ignored -> build(region, endpoint, key, secretKey, token));
-    ensureTable();
+    return CLIENTS.computeIfAbsent(id, ignored -> build(region, endpoint, key, secretKey, token));
   }
 
   private static String setting(Configuration conf, String name, String fallback) {
@@ -207,11 +225,49 @@ public class DynamoDBLogStore extends HadoopFileSystemLogStore {
       client.putItem(item(log, resolved.getName(), tempName, false, null).conditionExpression(
           "attribute_not_exists(fileName)").build());
     } catch (ConditionalCheckFailedException taken) {
-      fs.delete(temp, false);
-      throw new FileAlreadyExistsException(resolved.toString());
+      // Another writer's claim, or this one's: the SDK retries a put whose response was lost, and the retry then
+      // fails the condition on the item the first attempt stored.
+      if (!tempName.equals(claimedTempPath(log, resolved.getName()))) {
+        fs.delete(temp, false);
+        throw new FileAlreadyExistsException(resolved.toString());
+      }
     }
-    copy(fs, temp, resolved);
-    complete(log, resolved.getName(), tempName);
+    // Version N is decided by the claim: a failure from here on must not reach the caller (Delta would report a
+    // failed commit, and the caller might retry it, while the next reader or writer completes it from the
+    // temporary file, as Delta's S3DynamoDBLogStore does).
+    try {
+      writeCopyTempFile(fs, temp, resolved);
+      writePutCompleteEntry(log, resolved.getName(), tempName);
+    } catch (IOException | RuntimeException e) {
+      if (e instanceof InterruptedIOException) {
+        Thread.currentThread().interrupt();
+      }
+      LOG.warn(
+          "{} is committed (claimed in DynamoDB table {}) but not completed: {}. The next listing or commit of the"
+              + " table copies {} to it and completes the item.",
+          resolved,
+          table,
+          e.toString(),
+          tempName,
+          e);
+    }
+  }
+
+  /** The temporary file named by the item of a commit file, or null without one. */
+  private String claimedTempPath(Path log, String fileName) {
+    Map<String, AttributeValue> item =
+        client
+            .getItem(
+                GetItemRequest.builder()
+                    .tableName(table)
+                    .consistentRead(true)
+                    .key(
+                        Map.of(
+                            "tablePath", AttributeValue.fromS(tablePath(log)),
+                            "fileName", AttributeValue.fromS(fileName)))
+                    .build())
+            .item();
+    return item == null || !item.containsKey("tempPath") ? null : item.get("tempPath").s();
   }
 
   /** Finish the table's latest commit if its writer stopped between its claim and its copy. */
@@ -235,9 +291,47 @@ public class DynamoDBLogStore extends HadoopFileSystemLogStore {
     String fileName = latest.get().get("fileName").s();
     String tempName = latest.get().get("tempPath").s();
     Path target = new Path(log, fileName);
-    if (!fs.exists(target)) {
-      copy(fs, new Path(log, tempName), target);
+    boolean copied = false;
+    for (int attempt = 1; ; attempt++) {
+      try {
+        if (!copied && !fs.exists(target)) {
+          fixCopyTempFile(fs, new Path(log, tempName), target);
+        }
+        copied = true;
+        fixPutCompleteEntry(log, fileName, tempName);
+        LOG.info("completed {} from {}: its writer had stopped after claiming it", target, tempName);
+        return;
+      } catch (InterruptedIOException e) {
+        throw e;
+      } catch (IOException | RuntimeException e) {
+        if (attempt >= FIX_ATTEMPTS) {
+          throw new IOException("could not complete " + target + " from " + tempName + " (claimed in DynamoDB table "
+              + table + ") after " + attempt + " attempts", e);
+        }
+        LOG.warn("completing {} from {} (attempt {} of {}): {}", target, tempName, attempt, FIX_ATTEMPTS, e.toString());
+      }
     }
+  }
+
+  // The steps after a claim, one method each so that the tests can make them fail.
+
+  /** A commit's copy of its temporary file to N.json, after its claim. */
+  void writeCopyTempFile(FileSystem fs, Path temp, Path target) throws IOException {
+    copy(fs, temp, target);
+  }
+
+  /** A commit's completion of its item, after its copy. */
+  void writePutCompleteEntry(Path log, String fileName, String tempName) throws IOException {
+    complete(log, fileName, tempName);
+  }
+
+  /** The recovery's copy of an incomplete commit's temporary file to N.json. */
+  void fixCopyTempFile(FileSystem fs, Path temp, Path target) throws IOException {
+    copy(fs, temp, target);
+  }
+
+  /** The recovery's completion of an incomplete commit's item. */
+  void fixPutCompleteEntry(Path log, String fileName, String tempName) throws IOException {
     complete(log, fileName, tempName);
   }
 
