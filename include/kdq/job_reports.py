@@ -235,12 +235,15 @@ class CatchUpReport(JobReport):
 
     ``since_ms``: the lower bound used; ``pending_since_ms``: the pending state found; ``points`` /
     ``summary_points``: points written (null without summaries); ``cleared``: the pending state was
-    cleared; ``skipped``: why nothing was done (null when it ran). A refused write fails the job (raises).
+    cleared; ``skipped``: why nothing was done (null when it ran); ``skipped_newer``: windows not written
+    because InfluxDB already held a newer version of them (:mod:`kdq.push_order`). A refused write fails the
+    job (raises).
     """
 
     since_ms: int | None = None
     pending_since_ms: int | None = None
     points: int = 0
+    skipped_newer: int = 0
     cleared: bool = False
     skipped: str | None = None
     summary_points: int | None = None

@@ -2,9 +2,12 @@
 
 Key   ``{"topic":"tx","window":1501273548000,"status":"valid"}`` (window start, epoch millis)
 Value ``6`` (the new absolute count)
+Header ``kdq-version`` ``42`` (the ``window_counts`` version the count was read at; :mod:`kdq.push_order`)
 
 The topic is compacted: consumers converge to the latest absolute value per
-window, so re-sending a value after a crash (at-least-once) is harmless.
+window, so re-sending a value after a crash (at-least-once) is harmless. Writers run concurrently (the
+stream, the hourly push, a rebuild): a consumer keeps, per key, the value with the highest ``kdq-version``
+header (none: older than any), and the writers' push lock makes the last message per key the newest.
 """
 
 from __future__ import annotations
@@ -56,16 +59,27 @@ def metrics_producer(config: Config):
     )
 
 
-def produce_counts(config: Config, rows: Iterable[Mapping], timeout: float = 60.0, producer=None) -> int:
-    """Send (topic, window_start_ms, status, count) rows; raises if any is not acknowledged in time."""
+def produce_counts(
+    config: Config, rows: Iterable[Mapping], timeout: float = 60.0, producer=None, version: int | None = None
+) -> int:
+    """Send (topic, window_start_ms, status, count) rows; raises if any is not acknowledged in time.
+    ``version``: the ``window_counts`` version the counts were read at, sent as the ``kdq-version`` header."""
     messages = (
         (metric_key(row["topic"], row["window_start_ms"], row["status"]), str(int(row["count"]))) for row in rows
     )
-    return produce_messages(config, messages, timeout, producer)
+    headers = [("kdq-version", str(int(version)).encode())] if version is not None else None
+    return produce_messages(config, messages, timeout, producer, headers=headers)
 
 
-def produce_messages(config: Config, messages: Iterable[tuple[str, str]], timeout: float = 60.0, producer=None) -> int:
-    """Send (key, value) text pairs (e.g. summary statistics); raises if any is not acknowledged in time."""
+def produce_messages(
+    config: Config,
+    messages: Iterable[tuple[str, str]],
+    timeout: float = 60.0,
+    producer=None,
+    headers: list[tuple[str, bytes]] | None = None,
+) -> int:
+    """Send (key, value) text pairs (e.g. summary statistics), each with ``headers``; raises if any is not
+    acknowledged in time."""
     from confluent_kafka import KafkaException
 
     producer = producer or metrics_producer(config)
@@ -77,7 +91,10 @@ def produce_messages(config: Config, messages: Iterable[tuple[str, str]], timeou
 
     sent = 0
     for key, value in messages:
-        producer.produce(config.kafka.metrics_topic, key=key, value=value, on_delivery=on_delivery)
+        if headers:
+            producer.produce(config.kafka.metrics_topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
+        else:
+            producer.produce(config.kafka.metrics_topic, key=key, value=value, on_delivery=on_delivery)
         sent += 1
         producer.poll(0)
     remaining = producer.flush(timeout)

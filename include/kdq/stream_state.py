@@ -8,11 +8,13 @@ sees half a file.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,28 +58,72 @@ class InfluxPushState:
 
     ``pending_since_ms``: every window-count row updated at or after this time
     may be missing from InfluxDB; the batch layer's catch-up pushes them and
-    clears it. Only the earliest failure matters, so the file stays tiny.
+    clears it. ``open``: the failures not yet covered by a catch-up, as
+    ``[recorded_ms, since_ms]`` pairs (at most :data:`MAX_OPEN` entries: the
+    oldest are merged, conservatively), so a catch-up clears exactly the
+    failures recorded before it started and keeps one recorded while it ran.
+
+    The stream and the batch jobs update the file from different processes: every read-modify-write
+    holds an exclusive ``fcntl`` lock on ``.influx_push_state.lock`` beside it.
     """
+
+    MAX_OPEN = 64
 
     def __init__(self, config: Any) -> None:
         self.path = state_dir(config) / INFLUX_PUSH_STATE
+        self.lock_path = self.path.with_name(f".{INFLUX_PUSH_STATE.removesuffix('.json')}.lock")
 
     def read(self) -> dict:
         return read_json(self.path) or {"pending_since_ms": None, "failures": 0}
 
-    def record_failure(self, since_ms: int, error: str) -> None:
-        state = self.read()
-        pending = state.get("pending_since_ms")
-        state["pending_since_ms"] = since_ms if pending is None else min(pending, since_ms)
-        state["failures"] = int(state.get("failures", 0)) + 1
-        state["last_error"] = error
-        atomic_write_json(self.path, state)
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def clear(self, up_to_ms: int) -> None:
-        state = self.read()
-        state["pending_since_ms"] = None
-        state["last_catch_up_ms"] = up_to_ms
-        atomic_write_json(self.path, state)
+    @staticmethod
+    def _open(state: dict) -> list[list[int]]:
+        entries = [[int(r), int(s)] for r, s in state.get("open") or []]
+        pending = state.get("pending_since_ms")
+        if pending is not None and not entries:  # a file written before ``open`` existed: recorded long ago
+            entries = [[0, int(pending)]]
+        return entries
+
+    def record_failure(self, since_ms: int, error: str, now_ms: int | None = None) -> None:
+        recorded = int(time.time() * 1000) if now_ms is None else int(now_ms)
+        with self._locked():
+            state = self.read()
+            entries = self._open(state) + [[recorded, int(since_ms)]]
+            entries.sort()
+            while len(entries) > self.MAX_OPEN:  # keep the later recorded time and the earlier since
+                (r1, s1), (r2, s2) = entries[0], entries[1]
+                entries[:2] = [[max(r1, r2), min(s1, s2)]]
+            state["open"] = entries
+            state["pending_since_ms"] = min(s for _, s in entries)
+            state["failures"] = int(state.get("failures", 0)) + 1
+            state["last_error"] = error
+            atomic_write_json(self.path, state)
+
+    def clear(self, up_to_ms: int, covered_from_ms: int | None = None) -> bool:
+        """After a catch-up that started at ``up_to_ms`` and pushed every row updated at or after
+        ``covered_from_ms`` (None: every row): forget the failures it covered, those recorded before it
+        started (and, with ``covered_from_ms``, pending from then on). Returns whether nothing stays pending."""
+        with self._locked():
+            state = self.read()
+            kept = [
+                [r, s] for r, s in self._open(state)
+                if r >= up_to_ms or (covered_from_ms is not None and s < covered_from_ms)
+            ]
+            state["open"] = kept
+            state["pending_since_ms"] = min(s for _, s in kept) if kept else None
+            state["last_catch_up_ms"] = up_to_ms
+            atomic_write_json(self.path, state)
+            return not kept
 
 
 def stream_status(config: Config) -> dict:

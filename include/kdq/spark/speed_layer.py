@@ -24,7 +24,10 @@ until its commit is in the checkpoint):
    session-wide (app id, N);
 4. absolute counts of the changed windows are read back from Delta and sent
    to the metrics topic and InfluxDB: absolute values, so re-sending after a
-   replay is harmless (at-least-once delivery of idempotent values);
+   replay is harmless (at-least-once delivery of idempotent values); they carry
+   the ``window_counts`` version they were read at and are written holding the
+   push lock, re-read when a batch push sent a newer version meanwhile
+   (:mod:`kdq.push_order`), so they never replace a newer value;
 5. the batch returns (and Spark commits it) only after every append finished.
 """
 
@@ -47,21 +50,22 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from kdq import batch_failures, storage, stream_state
 from kdq.checkpoint_offsets import speed_layer_checkpoint
 from kdq.config import Config
-from kdq.influx import InfluxSink, InfluxWriteError, Point, count_points
+from kdq.influx import InfluxSink, InfluxWriteError, Point
 from kdq.metrics_topic import ensure_metrics_topic, metrics_producer, produce_counts
 from kdq.micro_batch import increments_of, merge_maxima
+from kdq.push_order import push_lock, versioned_count_points
 from kdq.rules import RuleSet
 from kdq.spark import transforms
 from kdq.spark.classifier import ClassifierDocument
 from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
 from kdq.spark.ledger import BatchLedger, RulesDocuments
+from kdq.spark.push_reads import counts_version, read_range_at
 from kdq.spark.tables import ensure_tables
 from kdq.spark.writers import (
     append_archive,
     append_reason_increments,
     merge_window_increments,
     now_ms,
-    read_window_counts,
 )
 from kdq.stream_state import InfluxPushState
 from kdq.windows import subscribe_pattern
@@ -326,20 +330,27 @@ class SpeedLayer:
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
 
             keys = sorted({(r["topic"], int(r["window_start_ms"])) for r in increments})
-            absolute = read_window_counts(self.spark, self.config, keys)
-            by_key = {(r["topic"], r["window_start_ms"]): r for r in absolute}
-            metric_rows = [
-                {**r, "count": by_key[(r["topic"], int(r["window_start_ms"]))][r["status"]]} for r in increments
-            ]
+            version = counts_version(self.spark, self.config)  # the order of what is pushed (kdq.push_order)
+            absolute = read_range_at(self.spark, self.config, keys, version)
             report.changed_windows = len(keys)
             lap("read_back")
             if self._producer is None:
                 self._producer = metrics_producer(self.config)
-            produce_counts(self.config, metric_rows, producer=self._producer)
-            lap("metrics_topic")
-            self.faults.maybe_crash("after_metrics", batch_id, report.input_rows)
+            with push_lock(self.config) as clock:
+                if clock.batch_version > version:
+                    # A batch push sent a newer version of the table since the read-back: read again, so
+                    # this push (the last one) never puts older values over it.
+                    version = counts_version(self.spark, self.config)
+                    absolute = read_range_at(self.spark, self.config, keys, version)
+                by_key = {(r["topic"], r["window_start_ms"]): r for r in absolute}
+                metric_rows = [
+                    {**r, "count": by_key[(r["topic"], int(r["window_start_ms"]))][r["status"]]} for r in increments
+                ]
+                produce_counts(self.config, metric_rows, producer=self._producer, version=version)
+                lap("metrics_topic")
+                self.faults.maybe_crash("after_metrics", batch_id, report.input_rows)
 
-            report.influx_ok = self._push_influx(count_points(absolute), report, ingest_ms)
+                report.influx_ok = self._push_influx(versioned_count_points(absolute, version), report, ingest_ms)
             lap("influxdb")
             for write in writes:
                 write.result()
