@@ -72,12 +72,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config, StreamConfig
-from kdq.influx import InfluxSink, count_points
+from kdq.influx import InfluxWriteError
 from kdq.intervals import batch_app_id, iso
 from kdq.job_reports import CatchUpReport
-from kdq.metrics_topic import ensure_metrics_topic, produce_counts
+from kdq.metrics_topic import ensure_metrics_topic
+from kdq.push_order import push_ordered
 from kdq.spark import transforms
 from kdq.spark.corrections import latest_attempt, record_then_apply
+from kdq.spark.push_reads import latest_reader
 from kdq.spark.retention import counts_with_retired
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import (
@@ -555,29 +557,21 @@ def push_corrections(
 
     Metrics topic: one message per key, the count read back from Delta (0
     for a deleted row). InfluxDB: one point per window with both fields.
+    Ordered (:func:`kdq.push_order.push_ordered`): read at the table's latest
+    version while holding the push lock, sent with that version (the
+    ``kdq-version`` header, the ``kdq_version`` field), and a point InfluxDB
+    holds with a newer version is left alone, so an older value never
+    replaces a newer one the stream pushed meanwhile.
     A metrics-topic failure raises; an InfluxDB failure is returned
     (``influx_ok`` False, ``influx_error``) so the caller can record it for the catch-up.
     """
     keys = sorted(set(keys))
-    result: dict[str, Any] = {"metrics_sent": 0, "influx_points": 0, "influx_ok": True}
     if not keys:
-        return result
-    values = window_values(spark, config, [(t, ms) for t, ms, _ in keys])
+        return {"metrics_sent": 0, "influx_points": 0, "influx_skipped": 0, "influx_ok": True}
     ensure_metrics_topic(config)  # compacted; a producer would otherwise auto-create it without compaction
-    by_window = {(r["topic"], r["window_start_ms"]): r for r in values}
-    result["metrics_sent"] = produce_counts(
-        config,
-        [{"topic": t, "window_start_ms": ms, "status": s, "count": by_window[(t, ms)][s]} for t, ms, s in keys],
-        producer=producer,
+    return push_ordered(
+        config, latest_reader(spark, config), [(t, ms) for t, ms, _ in keys], keys, producer=producer
     )
-    if config.influxdb.enabled:
-        try:
-            result["influx_points"] = InfluxSink(config).write(count_points(values))
-        except Exception as exc:  # InfluxWriteError, or a config error naming the missing URL
-            log.error("InfluxDB push of %d corrected windows failed: %s", len(values), exc)
-            result["influx_ok"] = False
-            result["influx_error"] = str(exc)[:500]
-    return result
 
 
 def influx_catch_up(
@@ -592,9 +586,11 @@ def influx_catch_up(
     ``since_ms`` defaults to the stream's pending push state (the start of the
     first batch whose push failed); with neither, nothing is done unless
     ``force`` (then every window is pushed). Points carry absolute values, so
-    re-pushing is harmless. The pending state is cleared afterwards, unless
-    the stream recorded a new failure meanwhile or ``since_ms`` started after
-    the pending time (those rows would not have been covered).
+    re-pushing is harmless, and each chunk is read at the latest version just
+    before it is written, never replacing a newer point (:mod:`kdq.push_order`).
+    Afterwards the pending state forgets the failures recorded before this run
+    started that it covered (:meth:`kdq.stream_state.InfluxPushState.clear`):
+    one recorded while it ran, or pending from before ``since_ms``, stays.
     """
     from kdq.stream_state import InfluxPushState
 
@@ -614,39 +610,40 @@ def influx_catch_up(
         since = 0
         report.since_ms = 0
     started = now_ms()
-    table = spark.read.format("delta").load(table_path(config, WINDOW_COUNTS))
-    updated = table.where(F.col("updated_at") >= _ts(since))
-    dates = sorted(r["window_date"] for r in updated.select("window_date").distinct().collect())
-    if dates:
-        literals = ", ".join(f"DATE'{d.isoformat()}'" for d in dates)
-        windows = updated.select("topic", "window_start").distinct()
-        rows = (
-            table.where(f"window_date IN ({literals})")
-            .join(windows, ["topic", "window_start"], "left_semi")
-            .groupBy("topic", "window_start")
-            .agg(
-                F.sum(F.when(F.col("status") == transforms.VALID, F.col("count")).otherwise(0)).alias("valid"),
-                F.sum(F.when(F.col("status") == transforms.INVALID, F.col("count")).otherwise(0)).alias("invalid"),
-            )
-            .select("topic", F.unix_millis("window_start").alias("window_start_ms"), "valid", "invalid")
-        )
-        sink = InfluxSink(config)
-        batch: list[dict] = []
-        for row in rows.toLocalIterator():
-            batch.append(row.asDict())
-            if len(batch) >= chunk:
-                report.points += sink.write(count_points(batch))
-                batch = []
-        if batch:
-            report.points += sink.write(count_points(batch))
+    updated = (
+        spark.read.format("delta").load(table_path(config, WINDOW_COUNTS))
+        .where(F.col("updated_at") >= _ts(since))
+        .select("topic", F.unix_millis("window_start").alias("ms"))
+        .distinct()
+    )
+    # Each chunk is read again at the table's latest version while holding the push lock, right before it
+    # is written, and InfluxDB points already holding a newer version are skipped
+    # (:func:`kdq.push_order.push_ordered`): a window the stream updated after this listing keeps the
+    # stream's newer value.
+    read = latest_reader(spark, config)
+    windows: list[tuple[str, int]] = []
+
+    def push(chunk_windows: list[tuple[str, int]]) -> None:
+        pushed = push_ordered(config, read, chunk_windows)
+        if not pushed["influx_ok"]:
+            raise InfluxWriteError(pushed.get("influx_error", "InfluxDB push failed"))
+        report.points += pushed["influx_points"]
+        report.skipped_newer += pushed["influx_skipped"]
+
+    for row in updated.toLocalIterator():
+        windows.append((row["topic"], int(row["ms"])))
+        if len(windows) >= chunk:
+            push(windows)
+            windows = []
+    if windows:
+        push(windows)
     if config.summaries:  # streaming summaries updated since then, too (their stream push shares the pending state)
         from kdq.spark.summaries import push_updated_to_influx
 
         report.summary_points = push_updated_to_influx(spark, config, since, chunk)
-    after = state.read()
-    covered = pending is None or since <= pending
-    if after.get("failures", 0) == before.get("failures", 0) and covered and after.get("pending_since_ms") is not None:
-        state.clear(started)
-        report.cleared = True
+    if pending is not None:
+        # Under the state's lock: forgets the failures recorded before this run started whose rows it
+        # covered; one recorded while it ran (or pending from before ``since``) stays for the next run.
+        report.cleared = state.clear(started, covered_from_ms=since)
     log.info("InfluxDB catch-up since %s: %d points", iso(since), report.points)
     return report
