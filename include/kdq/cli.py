@@ -55,6 +55,10 @@ def _status(config: Config, args: argparse.Namespace) -> int:
 
     for line in describe_stream(config):
         print(line)
+    from kdq.writers_journal import describe as describe_writers
+
+    for line in describe_writers(config):  # the batch jobs that wrote beside the stream, and their waits
+        print(line)
     return 0 if all(s.healthy for s in statuses) else 1
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kdq import writers_journal
 from kdq.config import Config, load_config
 from kdq.intervals import parse_time_ms, resolve_interval
 from kdq.job_reports import JobReport
@@ -59,7 +61,9 @@ def run_main(
     before_session: Callable[[Config], None] | None = None,
 ) -> int:
     """Parse, load the config (failing early on bad config), build the session, run, print the report, always
-    stop the session. The exit code is 0 when the report is ``ok``, else 1; an exception fails the job as usual."""
+    stop the session. The exit code is 0 when the report is ``ok``, else 1; an exception fails the job as usual.
+    A job that writes kdq's tables (:data:`kdq.writers_journal.WRITER_APPS`) records its start and end in the
+    writers journal, with what it waited for."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     config = load_config(args.config)
@@ -67,12 +71,24 @@ def run_main(
         before_session(config)
     from kdq.spark.session import build_session
 
-    spark = build_session(config, app_name=app_name)
+    # A job that writes kdq's tables records its run and what it waited for (kdq.writers_journal).
+    journal = writers_journal.start_run(
+        config, app_name, sys.argv[1:] if argv is None else argv, getattr(args, "run_id", None)
+    )
+    ok, error = False, None
     try:
-        started = time.monotonic()
-        report = run(spark, config, args)
-        report.seconds = round(time.monotonic() - started, 2)
-        print(report.to_json(), flush=True)
-        return 0 if report.ok else 1
+        spark = build_session(config, app_name=app_name)
+        try:
+            started = time.monotonic()
+            report = run(spark, config, args)
+            report.seconds = round(time.monotonic() - started, 2)
+            print(report.to_json(), flush=True)
+            ok = bool(report.ok)
+            return 0 if report.ok else 1
+        finally:
+            spark.stop()
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        raise
     finally:
-        spark.stop()
+        writers_journal.end_run(journal, ok and error is None, error or (None if ok else "its report is not ok"))

@@ -230,7 +230,44 @@ def _stream(stream: StreamHealth) -> str:
             f'<p class="bad">InfluxDB is missing windows since {_iso(stream.influx_pending_since_ms)} '
             "(the hourly DAG's catch-up re-pushes them).</p>"
         )
+    parts.append(_writers(stream))
     return "".join(parts)
+
+
+def _writers(stream: StreamHealth) -> str:
+    """The batch jobs that wrote kdq's tables in the last 24 h (the writers journal), one row per job."""
+    if not stream.writers:
+        return '<p class="muted" data-field="writers-none">Writers (last 24 h): no batch job wrote kdq\'s tables.</p>'
+    waited = sum(w.waited for w in stream.writers)
+    head = (
+        f'<p data-field="writers-summary">Writers beside the stream (last 24 h): '
+        f'<b data-field="writers-runs">{sum(w.runs for w in stream.writers)}</b> run(s), '
+        f'<b data-field="writers-beside">{sum(w.beside_stream for w in stream.writers)}</b> beside the stream, '
+        f'<b class="{"bad" if waited else "ok"}" data-field="writers-waited">{waited}</b> waited for another writer</p>'
+    )
+    rows = []
+    for w in stream.writers:
+        job = escape(w.job)
+        outcome = escape(w.last_outcome or "—")
+        open_runs = f" ({w.running} running)" if w.running else ""
+        open_runs += f" ({w.lost} without an end)" if w.lost else ""
+        title = f' title="{escape(w.last_error)}"' if w.last_error else ""
+        rows.append(
+            f'<tr data-row="writer" data-job="{job}"><td>{job}</td>'
+            f'<td class="n" data-field="runs">{w.runs}{open_runs}</td>'
+            f'<td class="n" data-field="beside-stream">{w.beside_stream}</td>'
+            f'<td class="n" data-field="waited">{w.waited}</td>'
+            f'<td class="n" data-field="wait-seconds">{w.wait_seconds:.0f}</td>'
+            f'<td class="n" data-field="retries">{w.conflict_retries} / {w.stale_read_retries}</td>'
+            f'<td class="n" data-field="behind">{w.behind}</td>'
+            f'<td data-field="last-outcome"{title} class="{"bad" if w.last_outcome == "failed" else "ok"}">'
+            f"{outcome}</td><td>{_iso(w.last_end_ms)}</td></tr>"
+        )
+    return (
+        f"{head}<table data-field=\"writers\"><tr><th>job</th><th>runs</th><th>beside stream</th><th>waited</th>"
+        "<th>waited s</th><th>conflict / stale-read retries</th><th>stream behind</th><th>last outcome</th>"
+        f"<th>last end</th></tr>{''.join(rows)}</table>"
+    )
 
 
 def _dag_runs(runs: tuple[DagRunLink, ...], dag_ids: tuple[str, ...]) -> str:

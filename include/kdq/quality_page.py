@@ -9,7 +9,8 @@ them through the always-on SQL endpoint (Spark Connect), never with a Spark driv
 request in the API server would take a minute and a gigabyte. Everything here builds SQL text and shapes
 the rows it returns, so the plugin only runs four statements (:data:`QUERIES`) and renders the model;
 unit tests feed rows without any endpoint. Stream health comes from the stream's state files
-(:mod:`kdq.stream_state`), which the API server reads on the same machine.
+(:mod:`kdq.stream_state`), which the API server reads on the same machine, and so do the batch jobs that
+wrote beside it in the last day (the writers journal, :mod:`kdq.writers_journal`).
 
 **Time ranges.** One instant ``now`` per page: the hour is the 60 minutes ``[m - 59 min, m + 1 min)`` with
 ``m`` the start of the current minute, the day the 24 hours ``[h - 23 h, h + 1 h)`` with ``h`` the start of
@@ -30,6 +31,7 @@ from urllib.parse import quote
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.stream_state import PROGRESS_LOG, state_dir
 from kdq.windows import HOUR_MS, event_hour
+from kdq.writers_journal import WriterSummary
 
 MINUTE_MS = 60_000
 TOP_REASONS = 5  # per topic
@@ -222,6 +224,9 @@ class StreamHealth:
     failure: str | None = None  # the micro-batch that keeps failing (kdq stream-failure)
     influx_pending_since_ms: int | None = None
     topics: Mapping[str, TopicHealth] = field(default_factory=dict)
+    # The batch jobs that wrote kdq's tables in the last 24 h, per job: runs, beside the stream, waits
+    # (the writers journal, kdq.writers_journal; the same as `kdq status`'s writers section).
+    writers: tuple[WriterSummary, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -330,11 +335,16 @@ def correction_run_ids(rows: Iterable[Mapping[str, Any]]) -> set[str]:
 
 
 def stream_health(
-    status: Mapping[str, Any], progress_log: Sequence[Mapping[str, Any]], now_ms: int, stale_after_s: float = 120.0
+    status: Mapping[str, Any],
+    progress_log: Sequence[Mapping[str, Any]],
+    now_ms: int,
+    stale_after_s: float = 120.0,
+    writers: Sequence[WriterSummary] = (),
 ) -> StreamHealth:
     """The stream's state files (:func:`kdq.stream_state.stream_status`) and its recent progress records
     (``progress.jsonl``, oldest first) → health. A heartbeat older than ``stale_after_s`` reads as stopped:
-    a SIGKILLed driver cannot write "stopped"."""
+    a SIGKILLed driver cannot write "stopped". ``writers``: the writers journal's summary
+    (:func:`kdq.writers_journal.summarize`)."""
     beat = status.get("heartbeat") or {}
     progress = status.get("progress") or {}
     age = None
@@ -380,6 +390,7 @@ def stream_health(
         ),
         influx_pending_since_ms=(status.get("influx_push") or {}).get("pending_since_ms"),
         topics=topics,
+        writers=tuple(writers),
     )
 
 
@@ -454,3 +465,15 @@ def build_model(
 def rows_as_dicts(rows: Iterable[Any]) -> list[dict[str, Any]]:
     """Spark Rows (anything with ``asDict``) or mappings → plain dicts."""
     return [row.asDict() if hasattr(row, "asDict") else dict(row) for row in rows]
+
+
+def writers_json(stream: StreamHealth, now_ms: int) -> dict[str, Any]:
+    """The page's writers table as JSON (``/kdq/quality/writers.json``): per job its runs of the last 24 h."""
+    return {
+        "as_of_ms": int(now_ms),
+        "window_hours": 24,
+        "runs": sum(w.runs for w in stream.writers),
+        "beside_stream": sum(w.beside_stream for w in stream.writers),
+        "waited": sum(w.waited for w in stream.writers),
+        "jobs": [w.to_dict() for w in stream.writers],
+    }

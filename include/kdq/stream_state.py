@@ -32,6 +32,7 @@ STREAM_LOG = "stream.log"
 SUPERVISOR_LOCK = "supervisor.lock"
 SUPERVISOR_STATE = "supervisor_state.json"
 DRIVER_REFUSED = "driver_refused.json"  # the last driver that refused to start (or stopped): another owned the lease
+WRITERS_JOURNAL = "writers.jsonl"  # the batch jobs that wrote beside the stream, and their waits (kdq.writers_journal)
 
 
 def state_dir(config: Any) -> Path:

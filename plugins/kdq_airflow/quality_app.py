@@ -24,7 +24,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 log = logging.getLogger(__name__)
@@ -182,12 +182,31 @@ def _dag_runs(user: Any, run_ids: set[str]) -> list[Any]:
     return sorted(links.values(), key=lambda link: -(link.run_after_ms or 0))
 
 
+def _health(config: Any, now_ms: int) -> Any:
+    """Stream health from the stream's state folder, with the writers journal's last 24 h (no Spark)."""
+    from kdq.quality_page import read_progress_log, stream_health
+    from kdq.stream_state import stream_status
+    from kdq.writers_journal import read_entries, summarize
+
+    return stream_health(
+        stream_status(config), read_progress_log(config), now_ms, writers=summarize(read_entries(config), now_ms)
+    )
+
+
+def _writers_json() -> dict:
+    """The page's writers table as JSON: per batch job, its runs of the last 24 h beside the stream."""
+    from kdq.config import load_config
+    from kdq.quality_page import writers_json
+
+    now_ms = int(time.time() * 1000)
+    return writers_json(_health(load_config(), now_ms), now_ms)
+
+
 def _render(user: Any) -> str:
     from kdq.config import load_config
     from kdq.quality_html import render_page
-    from kdq.quality_page import PageRange, build_model, correction_run_ids, read_progress_log, stream_health
+    from kdq.quality_page import PageRange, build_model, correction_run_ids
     from kdq.stack.airflow import KDQ_DAGS
-    from kdq.stream_state import stream_status
 
     try:
         config = load_config()
@@ -196,7 +215,7 @@ def _render(user: Any) -> str:
 
         return f"<!DOCTYPE html><html><body><h1>kdq: data quality</h1><p>kdq's configuration: {escape(str(exc))}</p>"
     page = PageRange(int(time.time() * 1000))
-    health = stream_health(stream_status(config), read_progress_log(config), page.now_ms)
+    health = _health(config, page.now_ms)
     rows, error, source, seconds = _rows(config, page)
     try:
         runs = _dag_runs(user, correction_run_ids((rows or {}).get("corrections", ())))
@@ -210,19 +229,34 @@ def _render(user: Any) -> str:
 def create_app() -> FastAPI:
     app = FastAPI(title="kdq data quality", docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.get(PAGE_PATH, response_class=HTMLResponse)
-    async def quality_page(request: Request) -> Response:
+    async def _allowed(request: Request) -> tuple[Any, Response | None]:
+        """(the user, None) when the request may see the page, else (None, the response that says why)."""
         from airflow.api_fastapi.app import get_auth_manager
         from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
 
         user = await _user(request)
         auth_manager = get_auth_manager()
         if user is None:
-            return RedirectResponse(auth_manager.get_url_login(next_url=str(request.url)), status_code=303)
+            return None, RedirectResponse(auth_manager.get_url_login(next_url=str(request.url)), status_code=303)
         if not auth_manager.is_authorized_view(access_view=AccessView.WEBSITE, user=user):
-            return HTMLResponse("Forbidden: this user may not use the Airflow UI.", status_code=403)
+            return None, HTMLResponse("Forbidden: this user may not use the Airflow UI.", status_code=403)
+        return user, None
+
+    @app.get(PAGE_PATH, response_class=HTMLResponse)
+    async def quality_page(request: Request) -> Response:
+        user, refused = await _allowed(request)
+        if refused is not None:
+            return refused
         html = await run_in_threadpool(_render, user)
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+
+    @app.get(PAGE_PATH + "/writers.json")
+    async def writers(request: Request) -> Response:
+        _, refused = await _allowed(request)
+        if refused is not None:
+            return refused
+        payload = await run_in_threadpool(_writers_json)
+        return JSONResponse(payload, headers={"Cache-Control": "no-store"})
 
     @app.get("/icon.svg")
     async def icon() -> Response:

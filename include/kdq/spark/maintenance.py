@@ -102,6 +102,9 @@ def run_step(spark: Any, config: Any, step: Step) -> Any:
         table.vacuum(float(step.retain_hours))
         return "vacuumed"
     if stream_caught_up(spark, config, step.retire_before_ms) is False:
+        from kdq.writers_journal import WAITS
+
+        WAITS.stream_behind()  # the writers journal: skipped because the stream is behind
         log.warning(
             "archive retention skipped: the stream has a micro-batch ingested before %s that has not committed "
             "(its rows would escape the retirement); the next maintenance run retires them", step.describe(),

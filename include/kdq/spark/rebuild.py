@@ -93,6 +93,7 @@ from kdq.spark.writers import adjust_invalid_reasons, is_stale_read, retry_on_co
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import CORRECTIONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.windows import range_dates, range_hours
+from kdq.writers_journal import WAITS
 
 log = logging.getLogger("kdq.rebuild")
 
@@ -390,6 +391,7 @@ def rebuild(
                 raise
             log.warning("rebuild %s..%s: a window changed since its cut (attempt %d); reading again",
                         iso(from_ms), iso(to_ms), attempt)
+            WAITS.retried(stale_read=True)  # starts over from a new cut (the writers journal)
     # After the counts (see the module doc), and with nothing of this rebuild cached any more.
     report.archive_rows_updated = (
         update_archive(spark, config, rules, from_ms, to_ms, topics, cut) if update_archive_rows else None

@@ -29,6 +29,7 @@ from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import now_ms
 from kdq.stream_state import InfluxPushState
 from kdq.tables import RAW_ARCHIVE
+from kdq.writers_journal import WAITS
 
 log = logging.getLogger("kdq.batch")
 
@@ -59,6 +60,7 @@ def recompute_interval(
 
     caught_up = bl.stream_caught_up(spark, config, interval[1])
     if caught_up is False:
+        WAITS.stream_behind()  # the writers journal: this run waited on (or went past) the stream
         # Rows of a micro-batch that started before the interval's end but has not committed (a slow
         # batch, or one that crashed and will be replayed with its original ingest time) become
         # visible only when it commits: recomputing now would miss them for good. Fail instead, so

@@ -36,6 +36,7 @@ from kdq.checkpoint_offsets import speed_layer_checkpoint
 from kdq.config import Config
 from kdq.spark.tables import table_path
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
+from kdq.writers_journal import WAITS
 
 log = logging.getLogger("kdq.batch")
 
@@ -132,7 +133,9 @@ def stream_cut(spark: SparkSession, config: Config, wait_seconds: float = 120.0)
     app_id = _stream_app_id(config)
     counts = _snapshot(spark, table_path(config, WINDOW_COUNTS))
     last_merged = _txn(counts, app_id)
-    deadline = time.monotonic() + wait_seconds
+    waiting_since = time.monotonic()
+    deadline = waiting_since + wait_seconds
+    WAITS.cut()
     while True:
         archive = _snapshot(spark, table_path(config, RAW_ARCHIVE))
         reasons = _snapshot(spark, table_path(config, INVALID_REASONS))
@@ -143,12 +146,15 @@ def stream_cut(spark: SparkSession, config: Config, wait_seconds: float = 120.0)
         if archived >= last_merged and reasons_done:
             break
         if time.monotonic() > deadline:
+            WAITS.waited_for_stream(time.monotonic() - waiting_since)
             raise StreamAppendsBehind(
                 f"the stream's micro-batch {last_merged} is in window_counts but its appends have not landed "
                 f"after {wait_seconds:.0f}s (archive holds batch {archived}, invalid_reasons {reasoned}); "
                 "retry later"
             )
         time.sleep(1.0)
+    if time.monotonic() - waiting_since >= 1.0:  # it waited for the stream's appends (the writers journal)
+        WAITS.waited_for_stream(time.monotonic() - waiting_since)
     newest = max(archived, reasoned)
     excluded = _ledger_ingest_ms(config, last_merged + 1) if app_id is not None and newest > last_merged else None
     cut = StreamCut(

@@ -30,6 +30,7 @@ from kdq.spark.tables import table_path
 from kdq.spark.transforms import reason_differences
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS, TableSpec
+from kdq.writers_journal import WAITS
 
 log = logging.getLogger("kdq.writers")
 T = TypeVar("T")
@@ -81,7 +82,9 @@ def retry_on_conflict(
             if attempt == attempts or not is_conflict(exc) or (not stale_reads and is_stale_read(exc)):
                 raise
             log.warning("%s conflicted with a concurrent commit (attempt %d): %s", what, attempt, str(exc)[:300])
-            time.sleep(min(2.0 * attempt, 10.0))
+            pause = min(2.0 * attempt, 10.0)
+            WAITS.retried(stale_read=is_stale_read(exc), slept_seconds=pause)  # the writers journal's counters
+            time.sleep(pause)
     raise AssertionError("unreachable")
 
 
