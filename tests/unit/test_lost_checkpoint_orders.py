@@ -1,0 +1,235 @@
+"""Lost and restored checkpoints against the tables' txn versions (issue 23 item 5).
+
+The stream's archive append runs on a writer thread beside its window-count MERGE, so when the stream dies
+either may have landed alone. The stream's writes are played here with its own writers (archive append and
+MERGE under the checkpoint's app id, ledger entries in the checkpoint), then the checkpoint is lost (or
+replaced by an older backup) and the start-up recovery runs. Expected values are written out by hand.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from kdq.rules import load_rules
+from kdq.spark import lost_checkpoint as lc
+from kdq.spark import transforms
+from kdq.spark.ledger import BatchLedger
+from kdq.spark.speed_layer import app_id_for, checkpoint_dir
+from kdq.spark.tables import ensure_tables, table_path
+from kdq.spark.writers import append_archive, merge_window_increments
+from kdq.tables import WINDOW_COUNTS
+from tests.conftest import make_config
+
+W = 1_700_000_000_000
+TOPIC = "pay"
+SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
+
+
+class Stream:
+    """One stream checkpoint's writes of a micro-batch, split where they race."""
+
+    def __init__(self, spark, config, rules_dir) -> None:
+        self.spark, self.config = spark, config
+        self.checkpoint = checkpoint_dir(config)
+        self.app_id = app_id_for(self.checkpoint)
+        self.ledger = BatchLedger(spark, str(self.checkpoint))
+        self.rules = load_rules(rules_dir)
+        self.increments: dict[int, list[dict]] = {}
+        self.classified: dict[int, object] = {}
+
+    def plan(self, batch_id: int, window_ms: int, offsets: list[int], ingest_ms: int) -> None:
+        stamp = dt.datetime.fromtimestamp((window_ms + 100) / 1000, dt.UTC).replace(tzinfo=None)
+        rows = [(None, json.dumps({"amount": 1}).encode(), TOPIC, 0, o, stamp, 0) for o in offsets]
+        self.classified[batch_id] = transforms.mark_late(
+            transforms.classify(self.spark.createDataFrame(rows, SCHEMA), self.rules, self.config.stream, ingest_ms),
+            {}, self.config.stream,
+        )
+        self.ledger.write({"batch_id": batch_id, "ingest_time_ms": ingest_ms, "max_event_ms_before": {},
+                           "max_event_ms_after": {TOPIC: window_ms + 100}, "invalid_rows": 0})
+        self.increments[batch_id] = [{"topic": TOPIC, "window_start_ms": window_ms, "status": "valid",
+                                      "count": len(offsets), "rules_version": self.rules.version_for(TOPIC)}]
+
+    def archive(self, batch_id: int) -> None:
+        append_archive(self.classified[batch_id], self.config, self.app_id, batch_id, batch_id, "stream")
+
+    def merge(self, batch_id: int) -> None:
+        merge_window_increments(self.spark, self.increments[batch_id], self.config, self.app_id, batch_id)
+
+    def run(self, batch_id: int, window_ms: int, offsets: list[int], ingest_ms: int) -> None:
+        self.plan(batch_id, window_ms, offsets, ingest_ms)
+        self.archive(batch_id)
+        self.merge(batch_id)
+
+
+def _counts(spark, config) -> dict:
+    df = spark.read.format("delta").load(table_path(config, WINDOW_COUNTS)).where(F.col("topic") == TOPIC)
+    return {(r["w"], r["status"]): r["count"] for r in df.select(F.unix_millis("window_start").alias("w"), "status", "count").collect()}
+
+
+def _setup(spark, tmp_path, **stream):
+    config = make_config(tmp_path / "data", paths={"rules_dir": str(tmp_path / "rules")},
+                         stream={"on_fresh_checkpoint": "resume_from_archive", **stream})
+    (tmp_path / "rules").mkdir()
+    ensure_tables(spark, config)
+    return config, Stream(spark, config, tmp_path / "rules")
+
+
+def _lose(config) -> None:
+    shutil.rmtree(checkpoint_dir(config))
+
+
+def _resume_offset(spark, config) -> int:
+    """Where the new stream starts partition 0 (archive_resume_offsets without the broker)."""
+    last = spark.read.format("delta").load(_archive_path(config))
+    top = last.where(F.col("topic") == TOPIC).agg(F.max("offset")).first()[0]
+    return -1 if top is None else int(top) + 1
+
+
+def _archive_path(config) -> str:
+    from kdq.tables import RAW_ARCHIVE
+
+    return table_path(config, RAW_ARCHIVE)
+
+
+def _new_stream_reads_from_the_resume_offset(spark, config, tmp_path, kafka: dict[int, int], ingest_ms: int) -> None:
+    """The new checkpoint's first batch: every record of partition 0 from the resume offset (offset → window)."""
+    start = _resume_offset(spark, config)
+    fresh = Stream(spark, config, tmp_path / "rules")
+    by_window: dict[int, list[int]] = {}
+    for offset, window in sorted(kafka.items()):
+        if offset >= start:
+            by_window.setdefault(window, []).append(offset)
+    for i, (window, offsets) in enumerate(sorted(by_window.items())):
+        fresh.run(i, window, offsets, ingest_ms + i)
+
+
+def test_a_merge_that_landed_without_its_archive_is_not_counted_twice(spark, tmp_path) -> None:
+    config, stream = _setup(spark, tmp_path)
+    kafka = {0: W, 1: W, 2: W, 3: W + 1_000, 4: W + 1_000}
+    stream.run(0, W, [0, 1, 2], W + 10_000)
+    stream.plan(1, W + 1_000, [3, 4], W + 11_000)
+    stream.merge(1)  # the MERGE won the race; the archive append of batch 1 never landed (the process died)
+    _lose(config)
+
+    lc.recover_lost_batch(spark, config, "lost")
+    _new_stream_reads_from_the_resume_offset(spark, config, tmp_path, kafka, W + 20_000)
+    # Before: window W + 1000 held batch 1's +2 and the new stream, resuming after offset 2, added them again: 4.
+    assert _counts(spark, config) == {(W, "valid"): 3, (W + 1_000, "valid"): 2}
+
+
+def test_an_archive_that_landed_without_its_merge_is_counted_once(spark, tmp_path) -> None:
+    config, stream = _setup(spark, tmp_path)
+    kafka = {0: W, 1: W, 2: W, 3: W + 1_000, 4: W + 1_000, 5: W + 2_000}
+    stream.run(0, W, [0, 1, 2], W + 10_000)
+    stream.plan(1, W + 1_000, [3, 4], W + 11_000)
+    stream.archive(1)  # the archive won; the MERGE never landed
+    _lose(config)
+
+    lc.recover_lost_batch(spark, config, "lost")
+    _new_stream_reads_from_the_resume_offset(spark, config, tmp_path, kafka, W + 20_000)
+    assert _counts(spark, config) == {(W, "valid"): 3, (W + 1_000, "valid"): 2, (W + 2_000, "valid"): 1}
+
+
+def test_both_landed_and_a_rerun_of_the_recovery_changes_nothing(spark, tmp_path) -> None:
+    config, stream = _setup(spark, tmp_path)
+    stream.run(0, W, [0, 1, 2], W + 10_000)
+    stream.plan(1, W + 1_000, [3, 4], W + 11_000)
+    stream.merge(1)
+    _lose(config)
+    assert lc.recover_lost_batch(spark, config, "lost") == 1  # window W + 1000: 2 → 0 (not archived)
+    assert lc.recover_lost_batch(spark, config, "lost") == 0
+    assert _counts(spark, config) == {(W, "valid"): 3}
+
+
+def test_merges_without_their_archive_beyond_one_batch_are_refused(spark, tmp_path) -> None:
+    config, stream = _setup(spark, tmp_path)
+    stream.run(0, W, [0, 1, 2], W + 10_000)
+    stream.plan(1, W + 1_000, [3], W + 11_000)
+    stream.plan(2, W + 2_000, [4], W + 12_000)
+    stream.merge(1)
+    stream.merge(2)
+    _lose(config)
+    with pytest.raises(lc.LostCheckpoint, match="more than one MERGE without its archive rows"):
+        lc.recover_lost_batch(spark, config, "lost")
+    assert _counts(spark, config)[(W + 2_000, "valid")] == 1  # nothing was changed
+
+
+# -- a checkpoint restored from an older backup ---------------------------------------------------------------
+
+
+def _offsets(checkpoint: Path, batch_id: int) -> None:
+    folder = checkpoint / "offsets"
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": W, "conf": {}}
+    (folder / str(batch_id)).write_text(f"v1\n{json.dumps(meta)}\n{json.dumps({TOPIC: {'0': batch_id * 10}})}")
+
+
+def _commit(checkpoint: Path, batch_id: int) -> None:
+    folder = checkpoint / "commits"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+
+
+def _backup(stream: Stream, planned: int, committed: int, ledger: int) -> Path:
+    """Make the checkpoint look like a backup: offsets/0..planned, commits/0..committed, ledger 0..ledger."""
+    checkpoint = Path(str(stream.checkpoint))
+    for folder in ("offsets", "commits"):
+        shutil.rmtree(checkpoint / folder, ignore_errors=True)
+    for b in range(planned + 1):
+        _offsets(checkpoint, b)
+    for b in range(committed + 1):
+        _commit(checkpoint, b)
+    for entry in (checkpoint / "kdq_ledger").iterdir():
+        if entry.name.isdigit() and int(entry.name) > ledger:
+            entry.unlink()
+    return checkpoint
+
+
+def test_a_checkpoint_behind_the_tables_is_refused(spark, tmp_path) -> None:
+    config, stream = _setup(spark, tmp_path)
+    for b in range(4):
+        stream.run(b, W + b * 1_000, [b], W + 10_000 + b)
+    checkpoint = _backup(stream, planned=1, committed=1, ledger=1)  # the backup: batches 0..1; tables at 3
+    with pytest.raises(lc.CheckpointBehindTables) as refused:
+        lc.starting_offsets(spark, config, checkpoint)
+    message = str(refused.value)
+    assert str(checkpoint) in message and stream.app_id in message
+    assert "last committed micro-batch is 1" in message and "window_counts at batch 3" in message
+    assert "Restore the newest checkpoint" in message and "resume_from_archive" in message
+
+
+def test_one_batch_ahead_without_its_plan_is_refused(spark, tmp_path) -> None:
+    config, stream = _setup(spark, tmp_path)
+    for b in range(3):
+        stream.run(b, W + b * 1_000, [b], W + 10_000 + b)
+    checkpoint = _backup(stream, planned=1, committed=1, ledger=1)  # tables at 2; offsets/2 not in the backup
+    with pytest.raises(lc.CheckpointBehindTables, match="raw_archive at batch 2"):
+        lc.starting_offsets(spark, config, checkpoint)
+
+
+def test_a_batch_in_flight_is_the_normal_crash_and_starts(spark, tmp_path) -> None:
+    config, stream = _setup(spark, tmp_path)
+    for b in range(3):
+        stream.run(b, W + b * 1_000, [b], W + 10_000 + b)
+    # Crashed between the writes of batch 2 and its commit: offsets/2 and its ledger entry exist.
+    checkpoint = _backup(stream, planned=2, committed=1, ledger=2)
+    assert lc.starting_offsets(spark, config, checkpoint) is None
+    # Archive landed alone (the MERGE not yet): the same.
+    stream.plan(3, W + 3_000, [3], W + 10_003)
+    stream.archive(3)
+    checkpoint = _backup(stream, planned=3, committed=2, ledger=3)
+    assert lc.starting_offsets(spark, config, checkpoint) is None
+
+
+def test_an_up_to_date_checkpoint_starts(spark, tmp_path) -> None:
+    config, stream = _setup(spark, tmp_path)
+    for b in range(2):
+        stream.run(b, W + b * 1_000, [b], W + 10_000 + b)
+    checkpoint = _backup(stream, planned=1, committed=1, ledger=1)
+    assert lc.starting_offsets(spark, config, checkpoint) is None
