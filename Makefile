@@ -48,7 +48,7 @@ test-integration: setup
 ## broker killed mid-stream; a worker killed mid-batch of a 100k-record run (test_cluster.py); the whole product
 ## (kdq run --cluster, test_cluster_product.py); tables and checkpoints on s3a:// with concurrent writers (S3 and
 ## DynamoDB on loopback, test_cluster_s3.py, test_s3_concurrent_writers.py). Every test marked `cluster`:
-## 16 tests, 34.5 min on the quiet machine (docs/cluster.md "Tests").
+## 18 tests (16 measured together in 34.5 min on the quiet machine; +2 for the DynamoDB log store) (docs/cluster.md "Tests").
 ## On demand, not part of `make test` (CI's time budget); its results are in docs/cluster.md.
 test-cluster: setup-s3
 	@$(PY) -m pytest tests/integration -q -m cluster -s
