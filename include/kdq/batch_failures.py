@@ -43,7 +43,7 @@ from typing import Any
 from kdq import storage
 from kdq.storage import Location
 from kdq.stream_state import BATCH_FAILURE as FAILURE
-from kdq.stream_state import CURRENT_BATCH, HEARTBEAT, state_dir
+from kdq.stream_state import CURRENT_BATCH, HEARTBEAT, pid_alive, state_dir
 from kdq.stream_state import QUARANTINED_OFFSETS as QUARANTINE
 from kdq.stream_state import atomic_write_json as _write
 from kdq.stream_state import read_json as _read
@@ -74,16 +74,6 @@ def _locked(config: Any) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- batch progress (hung batches) ---------------------------------------------------------------------
@@ -124,7 +114,7 @@ def running_batch(config: Any, now_ms: int | None = None, not_before_ms: int = 0
         current
         and current.get("state") == "running"
         and int(current.get("started_ms") or 0) >= not_before_ms
-        and _pid_alive(int(current.get("pid") or 0))
+        and pid_alive(int(current.get("pid") or 0))
     ):
         return {
             "batch_id": int(current["batch_id"]),
@@ -133,7 +123,7 @@ def running_batch(config: Any, now_ms: int | None = None, not_before_ms: int = 0
         }
     beat = _read(state_dir(config) / HEARTBEAT) or {}
     since = beat.get("trigger_active_since_ms")
-    if beat.get("state") == "running" and since and int(since) >= not_before_ms and _pid_alive(int(beat.get("pid") or 0)):
+    if beat.get("state") == "running" and since and int(since) >= not_before_ms and pid_alive(int(beat.get("pid") or 0)):
         return {"batch_id": pending_batch(checkpoint_of(config)), "seconds": max(0.0, (now - int(since)) / 1000),
                 "source": "trigger"}
     return None

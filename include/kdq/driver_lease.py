@@ -46,6 +46,7 @@ from typing import Any
 
 from kdq import storage
 from kdq.storage import Files, Location
+from kdq.stream_state import pid_alive
 
 log = logging.getLogger("kdq.driver_lease")
 
@@ -83,16 +84,6 @@ def process_started(pid: int) -> float | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return pid > 0
-    return True
-
-
 def this_host() -> dict:
     return {"host": socket.gethostname(), "boot_id": _boot_id()}
 
@@ -105,7 +96,7 @@ def holder_dead(lease: dict, host: dict | None = None) -> bool:
     if lease.get("host") != host["host"] or (lease.get("boot_id") or "") != host["boot_id"]:
         return False
     pid = int(lease.get("pid") or 0)
-    if pid <= 0 or not _pid_alive(pid):
+    if pid <= 0 or not pid_alive(pid):
         return True
     started = lease.get("pid_started")
     now_started = process_started(pid) if started is not None else None

@@ -171,7 +171,8 @@ def starting_beat(config: Config, pids: Collection[int]) -> dict | None:
     }
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -244,7 +245,7 @@ class StartingBeat:
         pid = int(beat.get("pid") or 0)
         fresh = int(beat.get("time_ms") or 0) >= time.time() * 1000 - 60_000
         return (
-            beat.get("state") in ("running", "starting") and fresh and pid not in (0, os.getpid()) and _pid_alive(pid)
+            beat.get("state") in ("running", "starting") and fresh and pid not in (0, os.getpid()) and pid_alive(pid)
         )
 
 
