@@ -9,6 +9,7 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 
 from kdq.spark import batch_layer as bl
+from kdq.spark.push_reads import counts_version, read_windows_at
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import txn_version
 from kdq.tables import CORRECTIONS, RAW_ARCHIVE, WINDOW_COUNTS
@@ -178,7 +179,9 @@ def test_apply_corrections_sets_absolute_counts_once_and_deletes_zeros(spark, tm
     assert bl.interval_corrections(spark, config, interval) == sorted(
         (r["topic"], r["window_start_ms"], r["status"]) for r in changed
     )
-    assert bl.window_values(spark, config, [("orders", W0 - HOUR), ("orders", W0), ("nothing", W0)]) == [
+    # What a batch push reads back (kdq.spark.push_reads, at the latest version).
+    wanted = [("orders", W0 - HOUR), ("orders", W0), ("nothing", W0)]
+    assert read_windows_at(spark, config, wanted, counts_version(spark, config)) == [
         {"topic": "nothing", "window_start_ms": W0, "valid": 0, "invalid": 0},
         {"topic": "orders", "window_start_ms": W0 - HOUR, "valid": 0, "invalid": 1},
         {"topic": "orders", "window_start_ms": W0, "valid": 3, "invalid": 1},

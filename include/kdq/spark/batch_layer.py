@@ -508,34 +508,6 @@ def correct_interval_reasons(spark: SparkSession, config: Config, archive_df: Da
 # -- reading back and pushing -------------------------------------------------------------------------
 
 
-def window_values(spark: SparkSession, config: Config, windows: Iterable[tuple[str, int]]) -> list[dict]:
-    """Absolute (valid, invalid) per (topic, window_start_ms) from window_counts; a missing status is 0.
-
-    A semi-join on the wanted windows within their window_date partitions,
-    unlike a range scan, collects only the wanted rows however far apart the
-    windows are.
-    """
-    keys = sorted(set((t, int(ms)) for t, ms in windows))
-    if not keys:
-        return []
-    wanted = spark.createDataFrame(keys, "topic STRING, window_start_ms BIGINT").select(
-        "topic", F.timestamp_millis("window_start_ms").alias("window_start")
-    )
-    dates = sorted({date_literal(ms) for _, ms in keys})
-    table = (
-        spark.read.format("delta")
-        .load(table_path(config, WINDOW_COUNTS))
-        .where(f"window_date IN ({', '.join(dates)})")
-        .join(F.broadcast(wanted), ["topic", "window_start"], "left_semi")
-    )
-    found: dict[tuple[str, int], dict[str, int]] = {}
-    for row in table.select("topic", F.unix_millis("window_start").alias("ms"), "status", "count").collect():
-        found.setdefault((row["topic"], row["ms"]), {"valid": 0, "invalid": 0})[row["status"]] = int(row["count"])
-    return [
-        {"topic": t, "window_start_ms": ms, **found.get((t, ms), {"valid": 0, "invalid": 0})} for t, ms in keys
-    ]
-
-
 def interval_corrections(spark: SparkSession, config: Config, interval: tuple[int, int]) -> list[tuple[str, int, str]]:
     """(topic, window_start_ms, status) of every correction ever recorded for this interval."""
     start_ms, end_ms = interval

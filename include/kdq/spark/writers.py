@@ -168,33 +168,6 @@ def merge_window_increments(
     retry_on_conflict(merge, "window-count MERGE")
 
 
-def read_window_counts(spark: SparkSession, config: Config, keys: Sequence[tuple[str, int]]) -> list[dict]:
-    """Absolute (valid, invalid) per (topic, window_start_ms); a status without a row reads as 0."""
-    if not keys:
-        return []
-    lo = min(ms for _, ms in keys)
-    hi = max(ms for _, ms in keys)
-    topics = sorted({topic for topic, _ in keys})
-    table = (
-        spark.read.format("delta")
-        .load(table_path(config, WINDOW_COUNTS))
-        .where(
-            f"window_date BETWEEN {date_literal(lo)} AND {date_literal(hi)} "
-            f"AND window_start BETWEEN {timestamp_literal(lo)} AND {timestamp_literal(hi)}"
-        )
-        .where(F.col("topic").isin(topics))
-    )
-    found: dict[tuple[str, int], dict] = {}
-    for row in table.select("topic", F.unix_millis("window_start").alias("ms"), "status", "count").collect():
-        entry = found.setdefault((row["topic"], row["ms"]), {"valid": 0, "invalid": 0})
-        entry[row["status"]] = row["count"]
-    # The range scan may return windows between the wanted ones; keep only the wanted.
-    return [
-        {"topic": topic, "window_start_ms": ms, **found.get((topic, ms), {"valid": 0, "invalid": 0})}
-        for topic, ms in sorted(set(keys))
-    ]
-
-
 def append_reason_increments(
     spark: SparkSession, rows: Sequence[Mapping], config: Config, app_id: str, batch_id: int
 ) -> None:
