@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from benchmarks.measure import ProcessSampler
 from kdq.config import Config, load_config
 
 log = logging.getLogger("kdq.bench")
+# Where a failed run's whole stream log is kept: the run's work dir (and the log in it) is removed at the end,
+# and the cause of a failed micro-batch is often far above the last lines the error message quotes.
+FAILED_LOGS = Path(__file__).resolve().parents[1] / "test-artifacts" / "bench-failed-streams"
 
 
 def _toml_value(value) -> str:
@@ -103,6 +107,25 @@ class StreamRun:
 
         return stream_process(self.config).log_tail(lines)
 
+    def keep_log(self, folder: Path = FAILED_LOGS) -> Path | None:
+        """Copy the stream's whole log (and its batch-failure record) out of the work dir; the copy's path."""
+        source = self.config.data_dir / "stream" / "stream.log"
+        if not source.exists():
+            return None
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        kept = folder / f"{stamp}-pid{self.pid}-stream.log"
+        shutil.copyfile(source, kept)
+        failure = self.config.data_dir / "stream" / "batch_failure.json"
+        if failure.exists():
+            shutil.copyfile(failure, kept.with_name(kept.name.replace("stream.log", "batch_failure.json")))
+        return kept
+
+    def _failed(self, what: str, folder: Path = FAILED_LOGS) -> RuntimeError:
+        kept = self.keep_log(folder)
+        where = f"\nwhole stream log kept in {kept}" if kept else ""
+        return RuntimeError(f"{what}:\n{self.log_tail()}{where}")
+
     def wait_consumed(self, topics: list[str], expected: int, timeout: float) -> list[dict]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -110,11 +133,11 @@ class StreamRun:
             if consumed(progress, topics) >= expected:
                 return progress
             if not self.alive():
-                raise RuntimeError(f"the speed layer exited:\n{self.log_tail()}")
+                raise self._failed("the speed layer exited")
             time.sleep(0.5)
-        raise RuntimeError(
+        raise self._failed(
             f"the speed layer read {consumed(read_progress(self.config), topics)} of {expected} records "
-            f"within {timeout:.0f} s:\n{self.log_tail()}"
+            f"within {timeout:.0f} s"
         )
 
     def stop(self) -> None:

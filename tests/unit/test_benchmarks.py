@@ -202,3 +202,22 @@ def test_ground_truth_by_topic_splits_kinds_into_verdicts() -> None:
     kinds = Counter({("a", VALID): 5, ("a", "neg_amount"): 2, ("a", "not_json"): 1, ("b", "not_utf8"): 3})
     assert totals_by_topic(kinds, schema=True) == {"a": {"valid": 5, "invalid": 3}, "b": {"valid": 0, "invalid": 3}}
     assert totals_by_topic(kinds, schema=False) == {"a": {"valid": 7, "invalid": 1}, "b": {"valid": 0, "invalid": 3}}
+
+
+def test_a_failed_stream_run_keeps_its_whole_log(tmp_path) -> None:
+    """The work dir of a benchmark run is removed at its end; a failed run's stream log must survive it."""
+    from benchmarks.speed import StreamRun
+    from tests.conftest import make_config
+
+    config = make_config(tmp_path / "data")
+    stream_dir = config.data_dir / "stream"
+    stream_dir.mkdir(parents=True)
+    (stream_dir / "stream.log").write_text("batch 0 ok\nCaused by: java.io.IOException: the real cause\nlast line\n")
+    (stream_dir / "batch_failure.json").write_text('{"batch_id": 0}')
+    run = StreamRun(config, trigger_seconds=None)
+    run.pid = 4242
+    error = run._failed("the speed layer exited", tmp_path / "kept")
+    kept = Path(str(error).rsplit("whole stream log kept in ", 1)[1])
+    assert kept.parent == tmp_path / "kept"
+    assert "the real cause" in kept.read_text()
+    assert (tmp_path / "kept" / kept.name.replace("stream.log", "batch_failure.json")).read_text() == '{"batch_id": 0}'
