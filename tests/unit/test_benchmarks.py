@@ -207,6 +207,7 @@ def test_ground_truth_by_topic_splits_kinds_into_verdicts() -> None:
 def test_a_failed_stream_run_keeps_its_whole_log(tmp_path) -> None:
     """The work dir of a benchmark run is removed at its end; a failed run's stream log must survive it."""
     from benchmarks.speed import StreamRun
+
     from tests.conftest import make_config
 
     config = make_config(tmp_path / "data")
