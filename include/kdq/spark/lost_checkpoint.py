@@ -56,9 +56,9 @@ from pyspark.sql import functions as F
 from kdq import storage
 from kdq.checkpoint_offsets import batch_ids
 from kdq.config import Config, ConfigError
-from kdq.spark.stream_cut import _snapshot, _txn, read_at
+from kdq.spark.stream_cut import _txn, read_at
 from kdq.spark.tables import table_path
-from kdq.spark.writers import append_reason_rows
+from kdq.spark.writers import append_reason_rows, delta_snapshot
 from kdq.storage import Location
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.windows import topic_selected
@@ -154,7 +154,7 @@ def lost_stream(spark: SparkSession, config: Config) -> LostStream | None:
     snapshots = {}
     for spec in (WINDOW_COUNTS, RAW_ARCHIVE, INVALID_REASONS):
         path = table_path(config, spec)
-        snapshots[spec.name] = _snapshot(spark, path) if DeltaTable.isDeltaTable(spark, path) else None
+        snapshots[spec.name] = delta_snapshot(spark, path) if DeltaTable.isDeltaTable(spark, path) else None
     txns = {name: (_transactions(s) if s is not None else {}) for name, s in snapshots.items()}
     newest: dict[str, int] = {}
     for found in txns.values():
@@ -251,7 +251,7 @@ def recover_lost_batch(spark: SparkSession, config: Config, run_id: str) -> int:
         # records the archive lacks, which the new stream reads again. Set those windows to the archive's count.
         missing = lost.counts
         counts_path = table_path(config, WINDOW_COUNTS)
-        commit = _commit_of(config, WINDOW_COUNTS, lost.app_id, missing, int(_snapshot(spark, counts_path).version()))
+        commit = _commit_of(config, WINDOW_COUNTS, lost.app_id, missing, int(delta_snapshot(spark, counts_path).version()))
         if commit is None:
             raise LostCheckpoint(
                 f"lost checkpoint: window_counts holds micro-batch {missing} of the lost stream {lost.app_id} without "
@@ -267,7 +267,7 @@ def recover_lost_batch(spark: SparkSession, config: Config, run_id: str) -> int:
         )
         if lost.reasons >= missing:  # its reasons landed too: take them back (the new stream appends them again)
             reasons_path = table_path(config, INVALID_REASONS)
-            at = _commit_of(config, INVALID_REASONS, lost.app_id, missing, int(_snapshot(spark, reasons_path).version()))
+            at = _commit_of(config, INVALID_REASONS, lost.app_id, missing, int(delta_snapshot(spark, reasons_path).version()))
             if at is None:
                 raise LostCheckpoint(
                     f"lost checkpoint: invalid_reasons holds micro-batch {missing} of the lost stream {lost.app_id} "
@@ -350,7 +350,7 @@ def check_against_tables(spark: SparkSession, config: Config, checkpoint: Locati
     versions = {}
     for spec in (WINDOW_COUNTS, RAW_ARCHIVE, INVALID_REASONS):
         table = table_path(config, spec)
-        versions[spec.name] = _txn(_snapshot(spark, table), app_id) if DeltaTable.isDeltaTable(spark, table) else -1
+        versions[spec.name] = _txn(delta_snapshot(spark, table), app_id) if DeltaTable.isDeltaTable(spark, table) else -1
     ahead = max(versions.values())
     if ahead <= last:
         return

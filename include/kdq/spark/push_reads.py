@@ -14,15 +14,15 @@ from pyspark.sql import functions as F
 from kdq.config import Config
 from kdq.push_order import Window
 from kdq.spark.tables import table_path
+from kdq.spark.writers import delta_snapshot
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import WINDOW_COUNTS
 
 
 def counts_version(spark: SparkSession, config: Config) -> int:
-    """The latest committed version of ``window_counts``."""
-    from delta.tables import DeltaTable
-
-    return int(DeltaTable.forPath(spark, table_path(config, WINDOW_COUNTS)).history(1).select("version").first()[0])
+    """The latest committed version of ``window_counts`` (from its Delta log: no Spark job on the stream's
+    path)."""
+    return int(delta_snapshot(spark, table_path(config, WINDOW_COUNTS)).version())
 
 
 def counts_at(spark: SparkSession, config: Config, version: int) -> DataFrame:

@@ -35,6 +35,7 @@ from kdq import storage
 from kdq.checkpoint_offsets import speed_layer_checkpoint
 from kdq.config import Config
 from kdq.spark.tables import table_path
+from kdq.spark.writers import delta_snapshot
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.writers_journal import WAITS
 
@@ -92,12 +93,6 @@ def _stream_app_id(config: Config) -> str | None:
         return None
 
 
-def _snapshot(spark: SparkSession, path: str):
-    jvm = spark._jvm
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
-
-
 def _txn(snapshot, app_id: str | None) -> int:
     if app_id is None:
         return -1
@@ -131,14 +126,14 @@ def stream_cut(spark: SparkSession, config: Config, wait_seconds: float = 120.0)
     """The cut as of now (reads three Delta logs and at most one ledger entry); waits up to
     ``wait_seconds`` for the stream's appends of its last merged batch, else :class:`StreamAppendsBehind`."""
     app_id = _stream_app_id(config)
-    counts = _snapshot(spark, table_path(config, WINDOW_COUNTS))
+    counts = delta_snapshot(spark, table_path(config, WINDOW_COUNTS))
     last_merged = _txn(counts, app_id)
     waiting_since = time.monotonic()
     deadline = waiting_since + wait_seconds
     WAITS.cut()
     while True:
-        archive = _snapshot(spark, table_path(config, RAW_ARCHIVE))
-        reasons = _snapshot(spark, table_path(config, INVALID_REASONS))
+        archive = delta_snapshot(spark, table_path(config, RAW_ARCHIVE))
+        reasons = delta_snapshot(spark, table_path(config, INVALID_REASONS))
         archived, reasoned = _txn(archive, app_id), _txn(reasons, app_id)
         # A batch with no counted invalid record appends no reasons, so its guard is never recorded there:
         # its ledger entry says so (invalid_rows), and every batch before it has committed.

@@ -234,11 +234,16 @@ def txn_version(spark: SparkSession, path: str, app_id: str) -> int:
     Read from the Delta log's transaction actions, the same record Delta
     checks to skip a write: there is no Python API for it, hence the JVM call.
     """
+    version = delta_snapshot(spark, path).transactions().get(app_id)
+    return int(version.get()) if version.isDefined() else -1
+
+
+def delta_snapshot(spark: SparkSession, path: str):
+    """The table's latest Delta snapshot (JVM object: ``version()``, ``transactions()``), read from its log
+    without a Spark job (cheaper than ``DeltaTable.history``, which plans and runs one)."""
     jvm = spark._jvm
     delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    snapshot = delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
-    version = snapshot.transactions().get(app_id)
-    return int(version.get()) if version.isDefined() else -1
+    return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
 
 
 def now_ms() -> int:
