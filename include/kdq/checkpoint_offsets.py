@@ -18,7 +18,6 @@ ledger (``kdq_ledger/<N>``, the batch's fixed ingest time).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 
 from kdq import storage
@@ -96,7 +95,7 @@ def _ledger_ingest_ms(checkpoint: Location, batch_id: int) -> int | None:
         return None
 
 
-def finished_batches_before(checkpoint: Location, end_ms: int, now_ms: int | None = None) -> bool | None:
+def finished_batches_before(checkpoint: Location, end_ms: int) -> bool | None:
     """Whether every micro-batch whose ingest time is before ``end_ms`` has committed (None: no stream ran).
 
     A batch's rows become visible in the archive when it commits, which can be long after its ingest time
@@ -105,16 +104,16 @@ def finished_batches_before(checkpoint: Location, end_ms: int, now_ms: int | Non
     only the last planned batch can be open. Its ingest time is the ledger's once written; before that (the
     batch is still classifying) it is at least the trigger time in ``offsets/<N>``: kdq fixes the ingest
     time after Spark planned the batch, and a replay keeps the ledger's or takes a later clock. With every
-    planned batch committed, a batch planned from now on is ingested from now on: done when ``end_ms`` has
-    passed.
+    planned batch committed the stream has nothing in flight: true, also for an ``end_ms`` still ahead (a
+    manual run over the current hour counts what is there now; the scheduled run after the hour's end
+    counts the rest).
     """
-    now = int(time.time() * 1000) if now_ms is None else now_ms
     planned = batch_ids(storage.join(checkpoint, "offsets"))
     if not planned:
         return None
     last = planned[-1]
     if last in batch_ids(storage.join(checkpoint, "commits")):
-        return now >= end_ms
+        return True
     ingest = _ledger_ingest_ms(checkpoint, last)
     if ingest is None:
         ingest = batch_timestamp_ms(storage.join(checkpoint, "offsets", last))
