@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Issue 24's targets (the speed layer at the peer's speed): catch-up and ratio to Kafka Streams on the orders
+# rule; the other rule sets against it; p99 produce -> visible at 5,000 and 20,000 msgs/s; peak RSS.
 TARGETS = {
-    "throughput_msgs_per_s": 100_000,
-    "vs_plain": 2.0,
-    "p99_s": 5.0,
-    "rss_gb": 4.0,
+    "throughput_msgs_per_s": 60_000,
+    "p99_s": {5_000: 3.0, 20_000: 5.0},
+    "rss_gb": 3.0,
     "batch_growth_ratio": 1.5,
     "vs_kstreams": 1.0,
+    "refs": 0.95,
+    "many": 0.95,
+    "summaries": 0.85,
 }
 
 
@@ -62,7 +66,7 @@ def targets(result: dict) -> list[tuple[str, str, str]]:
     if run and "catch_up" in run:
         cu = run["catch_up"]
         out.append((
-            "speed layer ≥ 100,000 msgs/s (1 KB JSON, schema rule)",
+            f"speed layer ≥ {_n(TARGETS['throughput_msgs_per_s'])} msgs/s (1 KB JSON, orders rule, catch-up)",
             f"{_n(cu['msgs_per_s'])} msgs/s (steady {_n(cu['steady_msgs_per_s'])})",
             "yes" if cu["msgs_per_s"] >= TARGETS["throughput_msgs_per_s"] else "no",
         ))
@@ -70,9 +74,9 @@ def targets(result: dict) -> list[tuple[str, str, str]]:
         if plain:
             ratio = cu["msgs_per_s"] / plain["msgs_per_s"]
             out.append((
-                "≥ 2× the plain-consumer baseline (same cores)",
+                "(no target) against the plain-consumer baseline (same cores)",
                 f"{ratio:.2f}× plain ×{plain['processes']} ({_n(plain['msgs_per_s'])} msgs/s)",
-                "yes" if ratio >= TARGETS["vs_plain"] else "no",
+                "—",
             ))
         ks = kstreams_ratio(run)
         if ks:
@@ -83,15 +87,15 @@ def targets(result: dict) -> list[tuple[str, str, str]]:
                 "yes" if ratio >= TARGETS["vs_kstreams"] else "no",
             ))
     phases = [lp for lp in (run or {}).get("latency_phases", []) if lp.get("latency_s")]
-    if phases:
-        lp = next((p for p in phases if p["target_msgs_per_s"] == 20_000), phases[-1])
+    for lp in phases:
+        limit = TARGETS["p99_s"].get(lp["target_msgs_per_s"])
         p99 = lp["latency_s"].get("p99")
         bound = "≥ " if lp.get("records_censored") else ""
         out.append((
-            f"end-to-end p99 ≤ 5 s at {_n(lp['target_msgs_per_s'])} msgs/s",
-            f"p99 {bound}{p99:.2f} s (p50 {lp['latency_s']['p50']:.2f} s)"
-            + "".join(f"; at {_n(p['target_msgs_per_s'])} msgs/s p99 {p['latency_s']['p99']:.2f} s" for p in phases if p is not lp),
-            "yes" if p99 is not None and p99 <= TARGETS["p99_s"] else "no",
+            f"end-to-end p99 ≤ {limit:g} s at {_n(lp['target_msgs_per_s'])} msgs/s" if limit is not None
+            else f"(no target) end-to-end p99 at {_n(lp['target_msgs_per_s'])} msgs/s",
+            f"p99 {bound}{p99:.2f} s (p50 {lp['latency_s']['p50']:.2f} s)",
+            "—" if limit is None else "yes" if p99 is not None and not bound and p99 <= limit else "no",
         ))
     by_rule = {r.get("rule"): r for r in result.get("runs", []) if r.get("schema") and "catch_up" in r}
     if run and "catch_up" in run:
@@ -99,27 +103,27 @@ def targets(result: dict) -> list[tuple[str, str, str]]:
         if "refs" in by_rule:
             ratio = by_rule["refs"]["catch_up"]["msgs_per_s"] / base
             out.append((
-                "a rule with `$ref` + `oneOf` + `format` ≥ 80 % of the orders rule's throughput",
+                f"a rule with `$ref` + `oneOf` + `format` ≥ {TARGETS['refs']:.0%} of the orders rule's throughput",
                 f"{ratio:.0%} ({_n(by_rule['refs']['catch_up']['msgs_per_s'])} msgs/s)",
-                "yes" if ratio >= 0.8 else "no",
+                "yes" if ratio >= TARGETS["refs"] else "no",
             ))
         if "many" in by_rule:
             ratio = by_rule["many"]["catch_up"]["msgs_per_s"] / base
             out.append((
-                "1,000 topic rules within 10 % of the single-rule figure",
+                f"1,000 topic rules ≥ {TARGETS['many']:.0%} of the orders rule's throughput",
                 f"{ratio:.0%} ({_n(by_rule['many']['catch_up']['msgs_per_s'])} msgs/s)",
-                "yes" if abs(1 - ratio) <= 0.10 else "no",
+                "yes" if ratio >= TARGETS["many"] else "no",
             ))
         if "summaries" in by_rule:
             ratio = by_rule["summaries"]["catch_up"]["msgs_per_s"] / base
             out.append((
-                "(no target) two streaming summaries over every record: throughput against the orders rule alone",
+                f"two streaming summaries over every record ≥ {TARGETS['summaries']:.0%} of the orders rule's throughput",
                 f"{ratio:.0%} ({_n(by_rule['summaries']['catch_up']['msgs_per_s'])} msgs/s)",
-                "—",
+                "yes" if ratio >= TARGETS["summaries"] else "no",
             ))
     if run and run.get("peak_rss"):
         out.append((
-            "driver + JVM peak RSS ≤ 4 GB",
+            f"driver + JVM peak RSS ≤ {TARGETS['rss_gb']:g} GB",
             _gb(run["peak_rss"]),
             "yes" if run["peak_rss"] <= TARGETS["rss_gb"] * 2**30 else "no",
         ))
@@ -298,7 +302,7 @@ def plot(result: dict, path: Path) -> None:
         values.append(run["catch_up"]["msgs_per_s"])
         colors.append("#d9534f")
         ax.barh(names, values, color=colors)
-        ax.axvline(100_000, color="black", linestyle=":", linewidth=1)
+        ax.axvline(TARGETS["throughput_msgs_per_s"], color="black", linestyle=":", linewidth=1)
         ax.set_xlabel("msgs/s (1 KB JSON)")
         ax.set_title("Throughput (catch-up)")
     ax = axes[1]
