@@ -13,7 +13,6 @@ import uuid
 
 import requests
 from confluent_kafka import Consumer, TopicPartition
-from pyspark.sql import functions as F
 
 from kdq.influx import InfluxSink, Point
 from kdq.spark import batch_layer as bl
@@ -21,23 +20,10 @@ from kdq.spark.tables import ensure_tables, table_path
 from kdq.stream_state import InfluxPushState
 from kdq.tables import WINDOW_COUNTS
 from tests.integration.helpers import influx_points, isolated_config
+from tests.unit.test_batch_layer import _insert_counts
 
 W0 = 1_700_000_000_000
 W1 = W0 + 1000
-
-
-def _insert_counts(spark, config, rows: list[tuple]) -> None:
-    spark.createDataFrame(rows, "topic STRING, w BIGINT, status STRING, count BIGINT").select(
-        "topic",
-        F.timestamp_millis("w").alias("window_start"),
-        F.timestamp_millis(F.col("w") + 1000).alias("window_end"),
-        "status",
-        "count",
-        F.current_timestamp().alias("updated_at"),
-        F.lit("stream").alias("updated_by"),
-        F.lit("v1").alias("rules_version"),
-        F.to_date(F.timestamp_millis("w")).alias("window_date"),
-    ).write.format("delta").mode("append").save(table_path(config, WINDOW_COUNTS))
 
 
 def _table_version(spark, config) -> int:
