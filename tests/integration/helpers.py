@@ -114,15 +114,20 @@ def latest_metrics(config: Config, timeout: float = 30.0) -> dict[tuple[str, int
     }
 
 
-def influx_points(config: Config, measurement: str) -> dict[int, tuple[int, int]]:
+def influx_rows(config: Config, measurement: str, fields: str) -> list[list]:
+    """[time ms, *fields] of every point of ``measurement`` in the local InfluxDB (1.x query API)."""
     response = requests.get(
         f"{config.influx_url()}/query",
-        params={"db": config.influxdb.database, "q": f'SELECT valid, invalid FROM "{measurement}"', "epoch": "ms"},
+        params={"db": config.influxdb.database, "q": f'SELECT {fields} FROM "{measurement}"', "epoch": "ms"},
         timeout=10,
     )
     response.raise_for_status()
     series = response.json()["results"][0].get("series", [])
-    return {t: (v, i) for t, v, i in series[0]["values"]} if series else {}
+    return series[0]["values"] if series else []
+
+
+def influx_points(config: Config, measurement: str) -> dict[int, tuple[int, int]]:
+    return {t: (v, i) for t, v, i in influx_rows(config, measurement, "valid, invalid")}
 
 
 def archived_offsets(spark, config: Config, topic: str) -> Counter:

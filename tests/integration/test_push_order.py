@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 
-import requests
 from confluent_kafka import Consumer, TopicPartition
 
 from kdq.influx import InfluxSink, Point
@@ -19,7 +18,7 @@ from kdq.spark import batch_layer as bl
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.stream_state import InfluxPushState
 from kdq.tables import WINDOW_COUNTS
-from tests.integration.helpers import influx_points, isolated_config
+from tests.integration.helpers import influx_points, influx_rows, isolated_config
 from tests.unit.test_batch_layer import _insert_counts
 
 W0 = 1_700_000_000_000
@@ -33,14 +32,7 @@ def _table_version(spark, config) -> int:
 
 
 def _influx_versions(config, measurement: str) -> dict[int, int | None]:
-    response = requests.get(
-        f"{config.influx_url()}/query",
-        params={"db": config.influxdb.database, "q": f'SELECT kdq_version FROM "{measurement}"', "epoch": "ms"},
-        timeout=10,
-    )
-    response.raise_for_status()
-    series = response.json()["results"][0].get("series", [])
-    return {t: v for t, v in series[0]["values"]} if series else {}
+    return {t: v for t, v in influx_rows(config, measurement, "kdq_version")}
 
 
 def _metrics_headers(config) -> list[tuple[dict, bytes, list]]:
