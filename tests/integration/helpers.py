@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import requests
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -218,6 +219,15 @@ def dags_test(airflow: LocalAirflow, dag_id: str, logical_date: datetime, timeou
         response.raise_for_status()
     done = airflow.cli("dags", "test", dag_id, logical_date.isoformat(), timeout=timeout)
     return done.stdout + done.stderr
+
+
+def process_cmdline(process: psutil.Process) -> str:
+    """A process's command line, or "" for one that exited or is a zombie meanwhile (a JVM's short-lived
+    children, such as a helper reaped late, are never what a test looks for)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
 
 
 def wait_for(check, timeout: float, what: str, interval: float = 1.0):

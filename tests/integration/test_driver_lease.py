@@ -25,6 +25,7 @@ from kdq.stream_process import child_env, start_stream, stop_stream, stream_proc
 from tests.integration.helpers import (
     expected_counts,
     isolated_config,
+    process_cmdline,
     produce,
     wait_for,
     window_counts,
@@ -52,7 +53,10 @@ def _wave(config, topic: str, start_ms: int, n: int, truth: list) -> None:
 def _driver(process: psutil.Process) -> psutil.Process:
     """spark-submit's Python driver (the process that holds the lease)."""
     for child in process.children(recursive=True):
-        if any("stream_counts.py" in part for part in child.cmdline()) and "python" in child.name():
+        # The command line names the driver script; its executable is python (spark-submit's JVM names it too).
+        # A child that exits or turns zombie meanwhile gives "" (the CI run of 6b55af7 failed on one).
+        command = process_cmdline(child)
+        if "stream_counts.py" in command and "python" in command.split()[0]:
             return child
     raise AssertionError("no Python driver under spark-submit yet")
 

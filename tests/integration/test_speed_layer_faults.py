@@ -22,6 +22,7 @@ from tests.integration.helpers import (
     expected_counts,
     influx_points,
     latest_metrics,
+    process_cmdline,
     produce,
     wait_for,
     window_counts,
@@ -113,14 +114,6 @@ def test_new_topic_is_picked_up_and_sigterm_stops_gracefully(spark, local_stack,
     assert "stopping after the current micro-batch" in stream_process(config).log_tail(400)
 
 
-def _cmdline(process: psutil.Process) -> str:
-    """A process's command line, or "" for one that exited or is a zombie meanwhile (the JVM's short-lived
-    children, such as a reaped-late helper, are not what the test looks for)."""
-    try:
-        return " ".join(process.cmdline())
-    except psutil.Error:
-        return ""
-
 
 def test_the_python_driver_exits_when_its_jvm_is_killed_mid_batch(spark, local_stack, stream_config, tmp_path) -> None:
     """SIGKILL of the spark-submit JVM alone (an OOM kill) while the driver's Python runs a micro-batch
@@ -132,8 +125,8 @@ def test_the_python_driver_exits_when_its_jvm_is_killed_mid_batch(spark, local_s
     hang = {"KDQ_FAULT_HANG_SECONDS": "600", "KDQ_FAULT_BATCH": "0", "KDQ_FAULT_MARKER": str(tmp_path / "hung")}
     jvm = psutil.Process(start_stream(config, extra_env=hang))
     wait_for(lambda: (tmp_path / "hung").exists(), 180, "a micro-batch hanging in the driver's Python")
-    drivers = [p for p in jvm.children(recursive=True) if "stream_counts.py" in _cmdline(p)]
-    assert len(drivers) == 1, [_cmdline(p) for p in jvm.children(recursive=True)]
+    drivers = [p for p in jvm.children(recursive=True) if "stream_counts.py" in process_cmdline(p)]
+    assert len(drivers) == 1, [process_cmdline(p) for p in jvm.children(recursive=True)]
     jvm.kill()
     gone, alive = psutil.wait_procs(drivers, timeout=30)
     # (No log line to look for: under spark-submit the driver's output goes through the dead JVM.)
