@@ -170,6 +170,23 @@ def build_session(config: Config, app_name: str = "kdq", master: str | None = No
     return spark
 
 
+# Spark's code generation pays for itself on a pass over many rows. On a query over a few hundred (the stream's
+# per-batch MERGE, read-back and reason append) generating and compiling the code is most of the query's cost,
+# and the literals that change every batch defeat the compile cache (benchmarks/PERF_NOTES.md, issue 24).
+SMALL_QUERY_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
+def small_query_session(spark: SparkSession) -> SparkSession:
+    """A session of the same application for queries over a few hundred rows, interpreted rather than
+    compiled. It shares the context, jars, tables and cache; its SQL settings are its own, so the big passes
+    keep code generation. Delta's session-wide txnAppId/txnVersion guard then belongs to this session: its
+    MERGEs stay on one thread."""
+    session = spark.newSession()
+    for key, value in SMALL_QUERY_CONF.items():
+        session.conf.set(key, value)
+    return session
+
+
 def exit_when_jvm_dies(spark: SparkSession, interval_seconds: float = 2.0) -> threading.Thread:
     """Start a daemon thread that ends this Python driver (exit code 70) once its Spark JVM is gone.
 

@@ -60,6 +60,7 @@ from kdq.spark.classifier import ClassifierDocument
 from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
 from kdq.spark.ledger import BatchLedger, RulesDocuments
 from kdq.spark.push_reads import counts_version, read_range_at
+from kdq.spark.session import small_query_session
 from kdq.spark.tables import ensure_tables
 from kdq.spark.writers import (
     append_archive,
@@ -189,6 +190,8 @@ class SpeedLayer:
         checkpoint: storage.Location | None = None,
     ) -> None:
         self.spark = spark
+        # The per-batch MERGE, read-back and reason append run over a few hundred rows: interpreted (issue 24).
+        self.small = small_query_session(spark)
         self.config = config
         self.rules = rules
         self.faults = faults or FaultInjector()
@@ -316,7 +319,7 @@ class SpeedLayer:
                 self._submit(timings, "reasons", self._append_reasons, increments_in.reason_increments, batch_id),
             ]
             increments = increments_in.window_increments
-            merge_window_increments(self.spark, increments, self.config, self.app_id, batch_id)
+            merge_window_increments(self.small, increments, self.config, self.app_id, batch_id)
             lap("merge_counts")
             if self.config.summaries:  # streaming summaries: own MERGE, own guard, own outputs (kdq.spark.summaries)
                 from kdq.spark.summaries import stream_summaries
@@ -330,8 +333,8 @@ class SpeedLayer:
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
 
             keys = sorted({(r["topic"], int(r["window_start_ms"])) for r in increments})
-            version = counts_version(self.spark, self.config)  # the order of what is pushed (kdq.push_order)
-            absolute = read_range_at(self.spark, self.config, keys, version)
+            version = counts_version(self.small, self.config)  # the order of what is pushed (kdq.push_order)
+            absolute = read_range_at(self.small, self.config, keys, version)
             report.changed_windows = len(keys)
             lap("read_back")
             if self._producer is None:
@@ -340,8 +343,8 @@ class SpeedLayer:
                 if clock.batch_version > version:
                     # A batch push sent a newer version of the table since the read-back: read again, so
                     # this push (the last one) never puts older values over it.
-                    version = counts_version(self.spark, self.config)
-                    absolute = read_range_at(self.spark, self.config, keys, version)
+                    version = counts_version(self.small, self.config)
+                    absolute = read_range_at(self.small, self.config, keys, version)
                 by_key = {(r["topic"], r["window_start_ms"]): r for r in absolute}
                 metric_rows = [
                     {**r, "count": by_key[(r["topic"], int(r["window_start_ms"]))][r["status"]]} for r in increments
@@ -480,7 +483,7 @@ class SpeedLayer:
         self.faults.maybe_crash("after_archive", batch_id, rows)
 
     def _append_reasons(self, reasons: list[dict], batch_id: int) -> None:
-        append_reason_increments(self.spark, reasons, self.config, self.app_id, batch_id)
+        append_reason_increments(self.small, reasons, self.config, self.app_id, batch_id)
 
     def close(self) -> None:
         """Flush and drop the metrics producer (its client threads would otherwise outlive the query)."""
