@@ -212,13 +212,19 @@ def _topic_section(topic: TopicView, counted: bool) -> str:
     )
 
 
+def _seconds(ms: int | None) -> str:
+    return "—" if ms is None else f"{ms / 1000:.1f} s"
+
+
 def _stream(stream: StreamHealth) -> str:
     state_class = "ok" if stream.state == "running" else "bad"
     parts = [
         f'<p>Speed layer: <b class="{state_class}" data-field="stream-state">{escape(stream.state)}</b>',
         f" · heartbeat {'—' if stream.heartbeat_age_s is None else f'{stream.heartbeat_age_s:.0f} s ago'}",
         f' · last batch <b data-field="last-batch-id">{_num(stream.last_batch_id)}</b>'
-        f" at {_iso(stream.last_batch_ms)} ({_num(stream.last_batch_rows)} rows)</p>",
+        f" at {_iso(stream.last_batch_ms)} ({_num(stream.last_batch_rows)} rows)",
+        f' · end-to-end latency (produce → counted) <b data-field="latency-oldest">{_seconds(stream.latency_oldest_ms)}</b>'
+        f" for its oldest record, {_seconds(stream.latency_newest_ms)} for its newest</p>",
     ]
     if stream.failure:
         parts.append(

@@ -221,6 +221,9 @@ class StreamHealth:
     last_batch_id: int | None = None
     last_batch_ms: int | None = None
     last_batch_rows: int | None = None
+    # Produce → counts visible in Delta for the last batch's oldest and newest records (its Kafka timestamps).
+    latency_oldest_ms: int | None = None
+    latency_newest_ms: int | None = None
     failure: str | None = None  # the micro-batch that keeps failing (kdq stream-failure)
     influx_pending_since_ms: int | None = None
     topics: Mapping[str, TopicHealth] = field(default_factory=dict)
@@ -382,6 +385,8 @@ def stream_health(
         last_batch_id=progress.get("batch_id"),
         last_batch_ms=_record_ms(progress) if progress else None,
         last_batch_rows=progress.get("input_rows"),
+        latency_oldest_ms=(progress.get("end_to_end_latency_ms") or {}).get("oldest"),
+        latency_newest_ms=(progress.get("end_to_end_latency_ms") or {}).get("newest"),
         failure=(
             f"batch {failure.get('batch_id')} failed {failure.get('attempts', '?')} time(s): "
             f"{str(failure.get('error') or '').strip()[:300]}"

@@ -72,6 +72,12 @@ def describe_stream(config: Config) -> list[str]:
             f"lag {sum((progress.get('consumer_lag') or {}).values())} msgs; "
             f"late rows {sum((progress.get('late_rows') or {}).values())}"
         )
+        latency = progress.get("end_to_end_latency_ms")
+        if latency:
+            lines.append(
+                f"{'':<10} end-to-end latency (Kafka timestamp → counts in Delta) at batch {progress['batch_id']}: "
+                f"oldest record {latency['oldest'] / 1000:.1f}s, newest {latency['newest'] / 1000:.1f}s"
+            )
     lines += _batch_lines(config, running)
     pending = status["influx_push"].get("pending_since_ms")
     if pending:

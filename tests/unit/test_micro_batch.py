@@ -49,3 +49,14 @@ def test_increments_of_splits_counted_late_and_reasons() -> None:
 
 def test_watermarks_only_move_forward() -> None:
     assert merge_maxima({"a": 10, "b": 5}, {"a": 7, "c": 1}) == {"a": 10, "b": 5, "c": 1}
+
+
+def test_increments_of_keeps_the_kafka_timestamp_range_for_the_latency() -> None:
+    rows = [
+        {**row("orders", W0, True, None, True, 5, W0), "oldest_kafka_ms": W0 + 10, "newest_kafka_ms": W0 + 900},
+        {**row("orders", W0 - 120_000, True, None, False, 1, W0), "oldest_kafka_ms": W0 + 5, "newest_kafka_ms": W0 + 5},
+        {**row("pay", W0, False, "not_json", True, 2, None), "oldest_kafka_ms": W0 + 50, "newest_kafka_ms": W0 + 1200},
+    ]
+    increments = increments_of(rows, reasons_window_seconds=60)
+    assert (increments.oldest_kafka_ms, increments.newest_kafka_ms) == (W0 + 5, W0 + 1200)
+    assert increments_of([row("orders", W0, True, None, True, 1)], 60).oldest_kafka_ms is None

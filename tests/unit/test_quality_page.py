@@ -82,6 +82,7 @@ def test_stream_health_from_state_files(tmp_path: Path) -> None:
             "input_rows": 42,
             "consumer_lag": {"orders": 12, "payments": 0},
             "event_time_lag_ms": {"orders": 1500},
+            "end_to_end_latency_ms": {"oldest": 2400, "newest": 900},
         },
     ]
     (folder / "progress.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n{torn")
@@ -95,6 +96,7 @@ def test_stream_health_from_state_files(tmp_path: Path) -> None:
     health = stream_health(status, read_progress_log(config), NOW)
     assert health.state == "running" and health.last_batch_id == 3 and health.last_batch_rows == 42
     assert health.heartbeat_age_s == pytest.approx(3.0)
+    assert (health.latency_oldest_ms, health.latency_newest_ms) == (2400, 900)
     orders = health.topics["orders"]
     assert (orders.consumer_lag, orders.event_time_lag_ms, orders.late_rows_last_batch, orders.late_rows_hour) == (
         12,
@@ -189,7 +191,7 @@ def test_page_shows_numbers_escapes_data_and_links_runs() -> None:
     model = build_model(
         page,
         rows,
-        StreamHealth(state="running"),
+        StreamHealth(state="running", latency_oldest_ms=2400, latency_newest_ms=900),
         runs,
         sql_source="sc://127.0.0.1:1",
         dag_ids=("kdq_hourly_recompute",),
@@ -207,6 +209,7 @@ def test_page_shows_numbers_escapes_data_and_links_runs() -> None:
     assert cells[(evil, "reason", "sample-value")] == ["</code><img src=x onerror=alert(1)>"]
     assert cells[(evil, "correction", "old-count")] == ["5"] and cells[(evil, "correction", "new-count")] == ["6"]
     assert "/dags/kdq_hourly_recompute/runs/manual__2023" in parser.links
+    assert cells[(None, None, "latency-oldest")] == ["2.4 s"]
     assert len(re.findall(r"<svg ", html)) == 2
 
 

@@ -39,3 +39,24 @@ def test_the_marker_without_a_submittable_config_is_the_same(tmp_path: Path) -> 
     assert stream_process(broken).marker == stream_process(config).marker == (
         "spark.sql.warehouse.dir=hdfs://namenode:8020/kdq/warehouse"
     )
+
+
+def test_status_shows_the_last_batchs_end_to_end_latency(tmp_path: Path) -> None:
+    import time
+
+    from kdq import stream_state
+    from kdq.stream_process import describe_stream
+
+    config = make_config(tmp_path)
+    folder = stream_state.state_dir(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    stream_state.atomic_write_json(folder / stream_state.HEARTBEAT, {"state": "running", "time_ms": int(time.time() * 1000)})
+    progress = {"batch_id": 7, "input_rows": 5000, "duration_ms": {"triggerExecution": 800},
+                "end_to_end_latency_ms": {"oldest": 2450, "newest": 610}}
+    stream_state.atomic_write_json(folder / stream_state.PROGRESS, progress)
+    lines = describe_stream(config)
+    assert any("end-to-end latency" in line and "at batch 7: oldest record 2.5s, newest 0.6s" in line
+               for line in lines), lines
+    del progress["end_to_end_latency_ms"]  # a progress record of an older stream: no latency line
+    stream_state.atomic_write_json(folder / stream_state.PROGRESS, progress)
+    assert not any("end-to-end latency" in line for line in describe_stream(config))

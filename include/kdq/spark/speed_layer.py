@@ -176,6 +176,17 @@ class BatchReport:
     influx_ok: bool = True
     replayed: bool = False
     durations_ms: dict[str, int] = field(default_factory=dict)
+    oldest_kafka_ms: int | None = None  # the batch's oldest and newest Kafka record timestamps
+    newest_kafka_ms: int | None = None
+    visible_ms: int | None = None  # when its counts became visible in window_counts (its MERGE committed)
+
+    def end_to_end_latency_ms(self) -> dict[str, int] | None:
+        """Produce → counts visible in Delta for the batch's oldest and newest records (never below 0: a
+        producer clock ahead of this one)."""
+        if self.visible_ms is None or self.oldest_kafka_ms is None or self.newest_kafka_ms is None:
+            return None
+        return {"oldest": max(0, self.visible_ms - self.oldest_kafka_ms),
+                "newest": max(0, self.visible_ms - self.newest_kafka_ms)}
 
 
 class SpeedLayer:
@@ -288,6 +299,8 @@ class SpeedLayer:
                 late_rows=increments_in.late_rows,
                 max_event_ms=increments_in.max_event_ms,
                 replayed=replayed,
+                oldest_kafka_ms=increments_in.oldest_kafka_ms,
+                newest_kafka_ms=increments_in.newest_kafka_ms,
             )
             lap("classify_aggregate")
             if not replayed:
@@ -320,6 +333,7 @@ class SpeedLayer:
             ]
             increments = increments_in.window_increments
             merge_window_increments(self.small, increments, self.config, self.app_id, batch_id)
+            report.visible_ms = now_ms()
             lap("merge_counts")
             if self.config.summaries:  # streaming summaries: own MERGE, own guard, own outputs (kdq.spark.summaries)
                 from kdq.spark.summaries import stream_summaries
@@ -592,6 +606,7 @@ class ProgressRecorder(StreamingQueryListener):
                 influx_ok=report.influx_ok,
                 replayed=report.replayed,
                 writer_ms=report.durations_ms,
+                end_to_end_latency_ms=report.end_to_end_latency_ms(),
             )
         with self.lock:
             self.dir.mkdir(parents=True, exist_ok=True)
