@@ -25,7 +25,7 @@ class MicroBatchIncrements:
     max_event_ms: dict[str, int] = field(default_factory=dict)
     window_increments: list[dict] = field(default_factory=list)
     reason_increments: list[dict] = field(default_factory=list)
-    # The batch's oldest and newest Kafka record timestamps (ms): its records' produce → counted latency.
+    # The oldest and newest Kafka timestamps (ms) of the records the batch counts: their produce → counted latency.
     oldest_kafka_ms: int | None = None
     newest_kafka_ms: int | None = None
 
@@ -48,14 +48,16 @@ def increments_of(rows: Iterable[Mapping], reasons_window_seconds: int) -> Micro
         inputs[topic] += count
         if row["max_event_ms"] is not None:
             batch.max_event_ms[topic] = max(row["max_event_ms"], batch.max_event_ms.get(topic, row["max_event_ms"]))
+        if not row["counted"]:
+            late[topic] += count  # archived, left to the batch layer
+            continue
+        # The latency figure is the counts': a record too late for the stream waits for the batch layer by design
+        # (its Kafka timestamp is often its event time, minutes old).
         oldest, newest = row.get("oldest_kafka_ms"), row.get("newest_kafka_ms")
         if oldest is not None:
             batch.oldest_kafka_ms = min(oldest, batch.oldest_kafka_ms if batch.oldest_kafka_ms is not None else oldest)
         if newest is not None:
             batch.newest_kafka_ms = max(newest, batch.newest_kafka_ms if batch.newest_kafka_ms is not None else newest)
-        if not row["counted"]:
-            late[topic] += count  # archived, left to the batch layer
-            continue
         status = "valid" if row["valid"] else "invalid"
         key = (topic, int(row["window_start_ms"]), status)
         entry = windows.setdefault(key, [0, row["rules_version"]])
