@@ -36,6 +36,7 @@ import contextlib
 import fcntl
 import os
 import re
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -79,19 +80,26 @@ def _locked(config: Any) -> Iterator[None]:
 # -- batch progress (hung batches) ---------------------------------------------------------------------
 
 
+# The stream's foreachBatch thread starts batch N+1 while its query listener's thread may still be marking batch N
+# done: the listener's read-check-write must not put "N done" over "N+1 running".
+_CURRENT_BATCH_LOCK = threading.Lock()
+
+
 def batch_started(config: Any, batch_id: int) -> None:
-    _write(
-        state_dir(config) / CURRENT_BATCH,
-        {"batch_id": int(batch_id), "state": "running", "started_ms": _now_ms(), "pid": os.getpid()},
-    )
+    with _CURRENT_BATCH_LOCK:
+        _write(
+            state_dir(config) / CURRENT_BATCH,
+            {"batch_id": int(batch_id), "state": "running", "started_ms": _now_ms(), "pid": os.getpid()},
+        )
 
 
 def batch_finished(config: Any, batch_id: int) -> None:
     """Batch ``batch_id`` committed: mark it done and clear a failure record of it or of an earlier batch."""
     path = state_dir(config) / CURRENT_BATCH
-    current = _read(path) or {}
-    if current.get("batch_id") is None or int(current["batch_id"]) <= batch_id:
-        _write(path, {**current, "batch_id": int(batch_id), "state": "done", "finished_ms": _now_ms()})
+    with _CURRENT_BATCH_LOCK:
+        current = _read(path) or {}
+        if current.get("batch_id") is None or int(current["batch_id"]) <= batch_id:
+            _write(path, {**current, "batch_id": int(batch_id), "state": "done", "finished_ms": _now_ms()})
     failure = read_failure(config)
     if failure is not None and int(failure["batch_id"]) <= batch_id:
         with _locked(config):

@@ -47,9 +47,15 @@ def read_json(path: Path) -> Any:
         return None
 
 
+def private_tmp(path: Path) -> Path:
+    """A temporary name beside ``path`` that no other writer uses: other processes and other threads of this
+    one (the stream's foreachBatch thread and its query listener both write current_batch.json)."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
+
+
 def atomic_write_json(path: Path, payload: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = private_tmp(path)
     tmp.write_text(json.dumps(payload, indent=1, default=str))
     os.replace(tmp, path)
 

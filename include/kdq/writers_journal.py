@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kdq.stream_state import HEARTBEAT, WRITERS_JOURNAL, read_json, state_dir
+from kdq.stream_state import HEARTBEAT, WRITERS_JOURNAL, private_tmp, read_json, state_dir
 
 log = logging.getLogger("kdq.writers_journal")
 
@@ -228,7 +228,7 @@ def _trim(path: Path, now: int) -> None:
     kept = kept[cut:]
     if len(kept) == len(lines):
         return
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = private_tmp(path)
     tmp.write_text("".join(f"{k}\n" for k in kept), encoding="utf-8")
     os.replace(tmp, path)
 
