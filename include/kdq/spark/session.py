@@ -173,7 +173,7 @@ def build_session(config: Config, app_name: str = "kdq", master: str | None = No
 # Spark's code generation pays for itself on a pass over many rows. On a query over a few hundred (the stream's
 # per-batch MERGE, read-back and reason append) generating and compiling the code is most of the query's cost,
 # and the literals that change every batch defeat the compile cache (benchmarks/PERF_NOTES.md, issue 24).
-SMALL_QUERY_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN", "spark.sql.shuffle.partitions": "1"}
+SMALL_QUERY_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 def small_query_session(spark: SparkSession) -> SparkSession:
