@@ -69,11 +69,16 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--event-rate", type=int, default=50_000, help="msgs/s of event time the backlog spans")
     p.add_argument("--schema", choices=("on", "off", "both"), default="on", help="orders JSON Schema rule on the topics")
     p.add_argument(
-        "--rule-variants", default="refs,many,summaries",
+        "--rule-variants", default="refs,many,summaries,topics1000",
         help="extra catch-up runs (no latency phase) with other rule sets, comma-separated: refs (the orders rule "
         "written with $ref + oneOf + format, benchmarks/rules/orders_refs.schema.json), many (1,000 topic rules, "
-        "each topic its own copy of the orders schema), summaries (the orders rule plus two streaming summaries); "
-        "empty for none",
+        "each topic its own copy of the orders schema), summaries (the orders rule plus two streaming summaries), "
+        "topics1000 (the orders rule, the same messages and bytes over --active-topics topics of 1 partition, with a "
+        "latency phase at 5,000 msgs/s over as many topics); empty for none",
+    )
+    p.add_argument(
+        "--active-topics", type=int, default=ACTIVE_TOPICS,
+        help=f"topics of the topics1000 variant (default {ACTIVE_TOPICS:,}; fewer for a quick check)",
     )
     p.add_argument("--producers", type=int, default=2, help="producer processes for the backlog")
     p.add_argument("--baseline-processes", default="1,2", help="process counts for the baselines")
@@ -125,6 +130,8 @@ def parse_args(argv) -> argparse.Namespace:
     args.latency_rate = sorted(int(float(x)) for x in str(args.latency_rate).split(",") if x)
     args.phases = set(args.phases.split(","))
     args.rule_variants = [v for v in args.rule_variants.split(",") if v]
+    if args.active_topics < 1:
+        p.error("--active-topics: at least 1")
     for v in args.rule_variants:
         if v not in RULE_VARIANTS:
             p.error(f"--rule-variants: unknown variant {v!r}; expected some of {', '.join(RULE_VARIANTS)}")
@@ -153,7 +160,26 @@ RULE_VARIANTS = {
         "y", PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE,
         "the `orders` rule plus two streaming summaries (amount per currency and channel; amount per customer tier)",
     ),
+    "topics1000": (
+        "t", PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE,
+        "the `orders` rule over 1,000 active topics of 1 partition (same messages and bytes)",
+    ),
 }
+# The topics1000 variant: every one of ACTIVE_TOPICS topics receives records (what a real cluster looks like),
+# so each micro-batch's MERGE touches thousands of windows; the same total messages and bytes as the main run,
+# and a latency phase at this rate (issue 24: its p99 against the 4-topic p99 at the same rate).
+ACTIVE_TOPICS = 1000
+ACTIVE_TOPICS_LATENCY_RATE = 5000
+
+
+def active_topics_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The main run's settings with its messages spread over ``args.active_topics`` topics of 1 partition, and one
+    latency phase: at the first of ``args.latency_rate`` ≥ 5,000 msgs/s (5,000 when there is none)."""
+    variant = argparse.Namespace(**vars(args))
+    variant.topics = args.active_topics
+    variant.partitions = 1
+    variant.latency_rate = [next((r for r in args.latency_rate if r >= ACTIVE_TOPICS_LATENCY_RATE), ACTIVE_TOPICS_LATENCY_RATE)]
+    return variant
 
 
 def bench_summaries(label: str) -> list[dict]:
@@ -167,6 +193,25 @@ def bench_summaries(label: str) -> list[dict]:
          "window_seconds": 60, "significant_digits": 2},
     ]
 MANY_RULES = 1000
+
+
+def create_topics(kafka, names: list[str], partitions: int, chunk: int = 500) -> None:
+    """``kafka.create_topic`` for many topics at once: one admin client, one CreateTopics request per ``chunk``
+    topics, every future awaited (one client and round trip per topic takes minutes for 2,000 topics)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    settings = {"min.insync.replicas": str(kafka.min_insync_replicas)} if kafka.replication_factor > 1 else {}
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, **kafka.config.kafka.client})
+    for start in range(0, len(names), chunk):
+        batch = [NewTopic(n, partitions, kafka.replication_factor, config=dict(settings)) for n in names[start : start + chunk]]
+        futures = admin.create_topics(batch, operation_timeout=60)
+        for name, future in futures.items():
+            try:
+                future.result(timeout=120)
+            except KafkaException as exc:
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise RuntimeError(f"creating topic {name}: {exc}") from exc
 
 
 def write_rules(folder: Path, schema: bool, rule: str = "orders", topics: list[str] = ()) -> Path:
@@ -286,8 +331,9 @@ def speed_phase(
     bootstrap = stack.kafka.bootstrap
     topics = [f"bench-{label}-{i}" for i in range(args.topics)]
     lat_topics = {r: [f"bench-{label}-lat{r}-{i}" for i in range(args.topics)] for r in args.latency_rate} if latency else {}
-    for t in topics + [t for ts in lat_topics.values() for t in ts]:
-        stack.kafka.create_topic(t, partitions=args.partitions)
+    created = time.monotonic()
+    create_topics(stack.kafka, topics + [t for ts in lat_topics.values() for t in ts], args.partitions)
+    log.info("[%s] %d topics created in %.1f s", label, len(topics) + sum(map(len, lat_topics.values())), time.monotonic() - created)
     result: dict = {"label": label, "schema": schema, "rule": rule if schema else None, "workload": w.describe()}
 
     log.info("[%s] producing %d messages into %d topics x %d partitions", label, w.messages, w.topics, w.partitions)
@@ -541,7 +587,13 @@ def main(argv=None) -> int:
                 result["runs"].append(speed_phase(args, work, stack, label, schema, "latency" in args.phases and i == 0, own))
             for rule in args.rule_variants:
                 label = RULE_VARIANTS[rule][0]
-                result["runs"].append(speed_phase(args, work, stack, label, True, False, own, rule=rule))
+                if rule == "topics1000":
+                    # With its own latency phase (the p99 target), over as many latency topics; no Kafka Streams
+                    # baseline (speed_phase runs it on the orders-rule topics only, like for the other variants).
+                    run = speed_phase(active_topics_args(args), work, stack, label, True, "latency" in args.phases, own, rule=rule)
+                else:
+                    run = speed_phase(args, work, stack, label, True, False, own, rule=rule)
+                result["runs"].append(run)
         from kdq.spark.session import build_session
 
         if result["runs"] or "batch" in args.phases:

@@ -222,3 +222,82 @@ def test_a_failed_stream_run_keeps_its_whole_log(tmp_path) -> None:
     assert kept.parent == tmp_path / "kept"
     assert "the real cause" in kept.read_text()
     assert (tmp_path / "kept" / kept.name.replace("stream.log", "batch_failure.json")).read_text() == '{"batch_id": 0}'
+
+
+# -- the 1,000-active-topics variant (benchmarks/__main__.py topics1000): its settings, its target rows ------
+
+
+def test_active_topics_variant_spreads_the_main_run_over_one_partition_topics() -> None:
+    from benchmarks.__main__ import ACTIVE_TOPICS, active_topics_args, parse_args
+
+    args = parse_args(["--messages", "1000"])
+    assert "topics1000" in args.rule_variants and args.active_topics == ACTIVE_TOPICS == 1000
+    variant = active_topics_args(args)
+    assert (variant.topics, variant.partitions, variant.latency_rate, variant.messages) == (1000, 1, [5000], 1000)
+    assert (args.topics, args.partitions, args.latency_rate) == (4, 3, [5000, 20000])  # the main run's untouched
+    assert active_topics_args(parse_args(["--latency-rate", "2000,8000", "--active-topics", "50"])).latency_rate == [8000]
+    assert active_topics_args(parse_args(["--quick"])).latency_rate == [5000]
+
+
+def _bench_run(rule: str, topics: int, partitions: int, msgs_per_s: int, phases: dict[int, tuple[float, int]]) -> dict:
+    """A speed-layer run as benchmarks.__main__ records it (after analyse); phases: rate → (p99, censored)."""
+    return {
+        "label": rule[0], "schema": True, "rule": rule,
+        "workload": {"messages": 1_000_000, "message_bytes": 1024, "topics": topics, "partitions": partitions,
+                     "invalid_ratio": 0.05, "out_of_order": 0.1, "late": 0.01},
+        "produce": {"msgs_per_s": 90_000},
+        "stream_settings": {"trigger_seconds": 2, "max_offsets_per_trigger": 200_000, "master": "local[2]", "shuffle_partitions": 2},
+        "baselines": [{"kind": "plain", "processes": 2, "msgs_per_s": 40_000, "mb_per_s": 41.0, "matches_expected": True}],
+        "catch_up": {"messages": 1_000_000, "batches": 5, "seconds": 50.0, "msgs_per_s": msgs_per_s, "mb_per_s": 20.0,
+                     "steady_msgs_per_s": msgs_per_s, "first_batch_seconds": 9.0, "wall_seconds_incl_startup": 70.0,
+                     "writer_ms_mean": {"merge": 2000.0},
+                     "cpu": {"stream_cores": 1.5, "broker_cores": 0.2, "machine_cores": 1.9}},
+        "checks": {"exactly_once": True, "archive_matches_expected": True, "counted_matches": True},
+        "latency_phases": [
+            {"target_msgs_per_s": rate, "achieved_msgs_per_s": rate, "seconds": 60, "drained": True, "exactly_once": True,
+             "latency_s": {"p50": p99 / 2, "p95": p99 * 0.9, "p99": p99, "p100": p99 * 1.2}, "records_measured": rate * 60,
+             "records_censored": censored, "peak_rss": 2**31, "cpu": {"stream_cores": 1.0, "broker_cores": 0.1}}
+            for rate, (p99, censored) in phases.items()
+        ],
+        "peak_rss": 2**31,
+    }
+
+
+def test_active_topics_rows_compare_with_the_four_topic_run() -> None:
+    from benchmarks.report import markdown, targets
+
+    main = _bench_run("orders", 4, 3, 20_000, {5000: (10.0, 0), 20000: (30.0, 0)})
+    ok = _bench_run("topics1000", 1000, 1, 17_000, {5000: (14.0, 0)})
+    rows = {t: (v, met) for t, v, met in targets({"runs": [main, ok]})}
+    assert rows["1,000 active topics ≥ 80% of the 4-topic throughput (same messages and bytes)"] == (
+        "85% (17,000 vs 20,000 msgs/s)", "yes")
+    assert rows["1,000 active topics: p99 at 5,000 msgs/s ≤ 1.5× the 4-topic p99"] == ("1.40× (p99 14.00 s vs 10.00 s)", "yes")
+    # the variant's own latency phase is not one of the main run's p99 targets
+    assert sum(t.startswith("end-to-end p99 ≤ 3 s at 5,000") for t in rows) == 1
+
+    slow = _bench_run("topics1000", 1000, 1, 15_000, {5000: (16.0, 0)})
+    rows = {t: (v, met) for t, v, met in targets({"runs": [main, slow]})}
+    assert rows["1,000 active topics ≥ 80% of the 4-topic throughput (same messages and bytes)"][1] == "no"
+    assert rows["1,000 active topics: p99 at 5,000 msgs/s ≤ 1.5× the 4-topic p99"] == ("1.60× (p99 16.00 s vs 10.00 s)", "no")
+
+    censored = _bench_run("topics1000", 1000, 1, 17_000, {5000: (12.0, 500)})  # p99 a lower bound: not a yes
+    rows = {t: (v, met) for t, v, met in targets({"runs": [main, censored]})}
+    assert rows["1,000 active topics: p99 at 5,000 msgs/s ≤ 1.5× the 4-topic p99"] == ("≥ 1.20× (p99 ≥ 12.00 s vs 10.00 s)", "no")
+
+    no_5000 = _bench_run("orders", 4, 3, 20_000, {2000: (5.0, 0)})
+    rows = {t: (v, met) for t, v, met in targets({"runs": [no_5000, ok]})}
+    assert rows["1,000 active topics: p99 at 5,000 msgs/s ≤ 1.5× the 4-topic p99"] == (
+        "not measured (no 5,000 msgs/s phase in the 4-topic run)", "—")
+
+    result = {"started_at": "2026-11-24T10:00:00Z", "command": "python -m benchmarks", "duration_seconds": 600, "runs": [main, ok],
+              "machine": {"cpu": "cpu", "cores": 2, "memory_gb": 8, "os": "Linux", "python": "3.11", "java": "java 17",
+                          "pyspark": "4.0", "delta": "4.0", "kafka_broker": "4.0", "spark_kafka_clients": "3.9",
+                          "confluent_kafka": "2.6", "librdkafka": "2.6", "load_average_at_start": [0.1, 0.1, 0.1]}}
+    lines = markdown(result).splitlines()
+    title = ("### Speed layer vs baselines: with the `orders` rule over 1,000 active topics × 1 partition "
+             "(the same messages and bytes, every topic receiving records)")
+    section = lines[lines.index(title):]
+    assert any(line.startswith("| **kdq speed layer**") and "**17,000**" in line for line in section)
+    assert any(line.startswith("| 60 s at 5,000 msgs/s | 5,000 | 7.00 s |") for line in section)
+    assert any(line.startswith("Kafka Streams: not run on these topics") for line in section)
+    assert "| 1,000 active topics ≥ 80% of the 4-topic throughput (same messages and bytes) | 85% (17,000 vs 20,000 msgs/s) | yes |" in lines
