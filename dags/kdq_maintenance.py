@@ -11,6 +11,9 @@ stream MERGEs into today's, and compacting them would make its MERGEs fail on co
   while the stream has an uncommitted micro-batch from before the retirement instant;
 * `VACUUM ... RETAIN 168 HOURS` of every table (Delta's safe minimum, so no reader loses files).
 
+It runs once a day at a quiet hour (`30 3 * * *` UTC; `KDQ_AIRFLOW_MAINTENANCE_CRON` changes it) and never
+at once when Airflow first starts (`make run` at any hour): the first run waits for the next quiet hour.
+
 Checkpoint and metadata cleanup needs no task: the stream trims its own ledger and progress files,
 and Spark drops old checkpoint batches itself.
 """
@@ -21,14 +24,13 @@ from datetime import timedelta
 
 from airflow.sdk import DAG
 
-from kdq_airflow.defaults import kdq_default_args, kdq_start_date
+from kdq_airflow.defaults import kdq_default_args, kdq_maintenance_timetable
 from kdq_airflow.operators import MaintenanceOperator
 
 with DAG(
     dag_id="kdq_maintenance",
     doc_md=__doc__,
-    schedule="@daily",
-    start_date=kdq_start_date(),
+    schedule=kdq_maintenance_timetable(),  # no start date: the first run waits for the next quiet hour
     catchup=False,
     max_active_runs=1,
     tags=["kdq", "maintenance"],

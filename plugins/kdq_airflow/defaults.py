@@ -20,6 +20,9 @@ from typing import Any
 DEFAULT_START_DATE = datetime(2026, 11, 1, tzinfo=UTC)
 START_DATE_ENV = "KDQ_AIRFLOW_START_DATE"
 SUPERVISOR_INTERVAL_ENV = "KDQ_AIRFLOW_SUPERVISOR_SECONDS"
+MAINTENANCE_CRON_ENV = "KDQ_AIRFLOW_MAINTENANCE_CRON"
+# The daily maintenance's quiet hour (UTC): after midnight's partitions closed, before a working day.
+DEFAULT_MAINTENANCE_CRON = "30 3 * * *"
 DEFAULT_SUPERVISOR_INTERVAL = timedelta(minutes=2)
 
 
@@ -69,3 +72,26 @@ def kdq_supervisor_interval(default: timedelta = DEFAULT_SUPERVISOR_INTERVAL) ->
     if not seconds >= 10:
         raise ValueError(f"{SUPERVISOR_INTERVAL_ENV}={value!r}: expected a number of seconds, at least 10")
     return timedelta(seconds=seconds)
+
+
+def kdq_maintenance_cron(default: str = DEFAULT_MAINTENANCE_CRON) -> str:
+    """When the daily maintenance runs: ``$KDQ_AIRFLOW_MAINTENANCE_CRON`` (a five-field cron expression, UTC) or
+    ``default``. A malformed value is an import error naming the variable."""
+    value = os.environ.get(MAINTENANCE_CRON_ENV, "").strip() or default
+    from croniter import croniter
+
+    if len(value.split()) != 5 or not croniter.is_valid(value):
+        raise ValueError(f"{MAINTENANCE_CRON_ENV}={value!r}: expected a five-field cron expression, e.g. {default!r}")
+    return value
+
+
+def kdq_maintenance_timetable():
+    """The maintenance DAG's schedule: :func:`kdq_maintenance_cron`, UTC, first run at the next quiet hour.
+
+    Used without a start date: with one, Airflow runs the latest past quiet hour as soon as the DAG is first
+    unpaused (catchup=False still schedules the most recent interval), so `make run` at any hour started the
+    maintenance at once. A zero timedelta, not False: Airflow 3.3 treats ``run_immediately=False`` like None
+    (it runs a past time within 10 % of the period)."""
+    from airflow.sdk import CronTriggerTimetable
+
+    return CronTriggerTimetable(kdq_maintenance_cron(), timezone="UTC", run_immediately=timedelta(0))

@@ -181,8 +181,15 @@ def test_hourly_reconcile_does_not_wait_for_influxdb(parsed: dict) -> None:
 
 
 def test_default_start_date_without_the_local_override(parsed: dict) -> None:
-    # KDQ_AIRFLOW_START_DATE is unset here: the fixed deployment start date.
-    assert {dag["start_date"] for dag in parsed["dags"].values()} == {"2026-11-01T00:00:00+00:00"}
+    # KDQ_AIRFLOW_START_DATE is unset here: the fixed deployment start date. The maintenance has none (below).
+    dags = {dag_id: dag for dag_id, dag in parsed["dags"].items() if dag_id != "kdq_maintenance"}
+    assert {dag["start_date"] for dag in dags.values()} == {"2026-11-01T00:00:00+00:00"}
+
+
+def test_maintenance_schedule_of_the_dag_file(parsed: dict) -> None:
+    dag = parsed["dags"]["kdq_maintenance"]
+    assert dag["start_date"] is None and dag["catchup"] is False
+    assert dag["timetable"] == "CronTriggerTimetable"
 
 
 def test_supervisor_runs_one_at_a_time_and_stop_is_manual(parsed: dict) -> None:

@@ -217,3 +217,39 @@ def test_local_airflow_spark_default_names_the_stacks_master(
     )
     cluster = bool(recorded)
     assert (tasks.spark.stream_cores_max, tasks.spark.sql_endpoint_cores_max) == ((1, 1) if cluster else (0, 0))
+
+
+def test_maintenance_waits_for_its_quiet_hour_on_a_first_start() -> None:
+    """Issue 25: `make run` at any hour must not start the daily maintenance at once. With a start date and
+    catchup=False Airflow schedules the latest past interval immediately; the maintenance has no start date and
+    its trigger timetable waits for the next quiet hour, whatever the hour of the first start."""
+    from unittest import mock
+
+    import pendulum
+    from airflow.timetables.base import TimeRestriction
+
+    from kdq_airflow.defaults import DEFAULT_MAINTENANCE_CRON, kdq_maintenance_cron, kdq_maintenance_timetable
+
+    assert kdq_maintenance_cron() == DEFAULT_MAINTENANCE_CRON
+    from airflow.serialization.encoders import coerce_to_core_timetable
+
+    timetable = coerce_to_core_timetable(kdq_maintenance_timetable())  # what the scheduler runs
+    for hour, minute in ((0, 25), (3, 31), (3, 40), (12, 0), (23, 59)):
+        now = pendulum.instance(datetime(2026, 11, 27, hour, minute, tzinfo=UTC))
+        with mock.patch("airflow.timetables.trigger.utcnow", return_value=now):
+            first = timetable.next_dagrun_info(
+                last_automated_data_interval=None, restriction=TimeRestriction(earliest=None, latest=None, catchup=False)
+            )
+        assert first is not None and first.run_after > now, (hour, minute, first)
+        assert first.run_after - now <= timedelta(days=1)
+        assert (first.run_after.hour, first.run_after.minute) == (3, 30)
+
+
+def test_a_malformed_maintenance_cron_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kdq_airflow.defaults import MAINTENANCE_CRON_ENV, kdq_maintenance_cron
+
+    monkeypatch.setenv(MAINTENANCE_CRON_ENV, "every night")
+    with pytest.raises(ValueError, match=MAINTENANCE_CRON_ENV):
+        kdq_maintenance_cron()
+    monkeypatch.setenv(MAINTENANCE_CRON_ENV, "0 2 * * *")
+    assert kdq_maintenance_cron() == "0 2 * * *"
