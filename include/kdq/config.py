@@ -31,7 +31,49 @@ DEFAULT_CONFIG_NAME = "kdq.toml"
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown or invalid. The message names the key."""
+    """A configuration value is missing, unknown or invalid. The message names the key, never a secret value."""
+
+
+# Keys whose values Spark (spark.redaction.regex) or a Kafka client treat as secret (passwords, JAAS lines with
+# them, tokens, keys): an error names such a key and the problem, never its value, since errors land in task logs.
+SECRET_KEY = re.compile(r"(?i)secret|password|passwd|token|credential|jaas|access[._-]?key|private[._-]?key")
+REDACTED = "<redacted>"
+_URL_USERINFO = re.compile(r"(?<=://)[^/\s@]+@")
+
+
+def redact(key: str, value: Any) -> Any:
+    """``value`` of ``key`` as an error message may show it: a secret key's value hidden, mappings redacted key by
+    key, URLs without their user info."""
+    if SECRET_KEY.search(key):
+        return REDACTED
+    if isinstance(value, Mapping):
+        return {k: redact(str(k), v) for k, v in value.items()}
+    if isinstance(value, str):
+        return _URL_USERINFO.sub(REDACTED + "@", value)
+    return value
+
+
+def _secret_values(raw: Any, key: str = "") -> set[str]:
+    """Every string under a secret key of the raw configuration (file, environment, overrides), and URLs' user
+    info: scrubbed from a message whatever path led a validator to quote it."""
+    found: set[str] = set()
+    if isinstance(raw, Mapping):
+        for k, v in raw.items():
+            found |= _secret_values(v, str(k))
+    elif isinstance(raw, list | tuple):
+        for v in raw:
+            found |= _secret_values(v, key)
+    elif isinstance(raw, str) and raw:
+        if SECRET_KEY.search(key):
+            found.add(raw)
+        found.update(m.group(0)[:-1] for m in _URL_USERINFO.finditer(raw))
+    return {v for v in found if len(v) >= 3}
+
+
+def _scrub(message: str, secrets: set[str]) -> str:
+    for secret in sorted(secrets, key=len, reverse=True):
+        message = message.replace(secret, REDACTED)
+    return _URL_USERINFO.sub(REDACTED + "@", message)
 
 
 class _Section(BaseModel):
@@ -609,7 +651,11 @@ def _merge_env(raw: dict[str, dict[str, Any]], env: Mapping[str, str], origins: 
             try:
                 parsed = json.loads(value)
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"{name}: expected a JSON object, got {value!r}") from exc
+                # Not the value itself: such settings hold passwords (sasl.jaas.config, spark.authenticate.secret).
+                raise ConfigError(
+                    f"{name}: expected a JSON object ({exc.msg} at character {exc.pos}; the value is not shown, "
+                    "it may hold secrets)"
+                ) from None
         raw.setdefault(section, {})[key] = parsed
         origins[f"{section}.{key}"] = name
 
@@ -688,8 +734,9 @@ def load_config(
             if not loc:  # a check across sections (Config's own validator): its message names the keys
                 problems.append(str(err["msg"]).removeprefix("Value error, "))
                 continue
-            problems.append(f"{'.'.join(loc)} (from {origin}): {err['msg']}, got {err.get('input')!r}")
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+            problems.append(f"{'.'.join(loc)} (from {origin}): {err['msg']}, got {redact('.'.join(loc), err.get('input'))!r}")
+        message = "invalid configuration:\n  " + "\n  ".join(problems)
+        raise ConfigError(_scrub(message, _secret_values(raw))) from None
 
 
 def check_kafka_reachable(config: Config, timeout: float = 5.0) -> None:
