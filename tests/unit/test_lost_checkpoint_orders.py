@@ -233,3 +233,37 @@ def test_an_up_to_date_checkpoint_starts(spark, tmp_path) -> None:
         stream.run(b, W + b * 1_000, [b], W + 10_000 + b)
     checkpoint = _backup(stream, planned=1, committed=1, ledger=1)
     assert lc.starting_offsets(spark, config, checkpoint) is None
+
+
+def test_an_archive_append_before_its_ledger_entry_is_a_batch_in_flight(spark, tmp_path) -> None:
+    """The speed layer's first write is the archive append; its ledger entry follows. A crash in between leaves
+    the archive one batch ahead with no ledger entry: the replay completes it, so the start is not refused."""
+    config, stream = _setup(spark, tmp_path)
+    for b in range(2):
+        stream.run(b, W + b * 1_000, [b], W + 10_000 + b)
+    stream.plan(2, W + 2_000, [2], W + 10_002)
+    stream.archive(2)
+    checkpoint = _backup(stream, planned=2, committed=1, ledger=1)  # no ledger entry for batch 2
+    assert lc.starting_offsets(spark, config, checkpoint) is None
+    # Its MERGE without its ledger entry cannot come from the speed layer: refused as before.
+    stream.merge(2)
+    with pytest.raises(lc.CheckpointBehindTables, match="window_counts at batch 2"):
+        lc.starting_offsets(spark, config, checkpoint)
+
+
+def test_a_cut_beside_an_archive_append_without_its_ledger_entry_leaves_that_batch_out(spark, tmp_path) -> None:
+    """A rebuild's cut while batch T+1 is archived but its ledger entry not yet written: batch T+1's rows are
+    left out from the time Spark planned it (offsets/T+1), which is at or before their ingest time."""
+    from kdq.spark.stream_cut import archive_at, stream_cut
+
+    config, stream = _setup(spark, tmp_path)
+    stream.run(0, W, [0, 1], W + 10_000)
+    stream.plan(1, W, [2, 3, 4], W + 20_000)
+    stream.archive(1)
+    checkpoint = _backup(stream, planned=1, committed=0, ledger=0)
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": W + 19_000, "conf": {}}
+    (checkpoint / "offsets" / "1").write_text(f"v1\n{json.dumps(meta)}\n{json.dumps({TOPIC: {'0': 5}})}")
+    cut = stream_cut(spark, config, wait_seconds=5)
+    assert cut.last_merged == 0 and cut.excluded_from_ms == W + 19_000
+    offsets = sorted(r["offset"] for r in archive_at(spark, config, cut).where(cut.archive_rows()).collect())
+    assert offsets == [0, 1]

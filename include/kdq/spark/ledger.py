@@ -1,9 +1,15 @@
 """The speed layer's batch ledger: one small JSON file per micro-batch, inside the checkpoint.
 
-Written before any output of batch N, it fixes what a replay of N must
-reproduce: the batch's ingest time, the per-topic maximum event times that
-lateness is judged against, and the hash of the rules (the classifier document,
-stored once per hash by :class:`RulesDocuments`) the batch was classified with. It lives in the checkpoint folder (like Spark's own
+Written after batch N's archive append (its first output, which also counts
+it) and before its other outputs, it fixes what the rest of N and the batches
+after it rely on: the batch's ingest time, the per-topic maximum event times
+that lateness is judged against before and after it, its counts, and the hash
+of the rules (the classifier document, stored once per hash by
+:class:`RulesDocuments`) the batch was classified with. A replay of N whose
+archive append landed counts the archived rows (their verdicts, their ingest
+time), so nothing of N is ever judged twice; an entry written before the
+archive (by an earlier kdq version) still fixes the rules and clock of a
+replay. It lives in the checkpoint folder (like Spark's own
 offset and commit logs) and goes through Hadoop's FileSystem API, so it works on
 local disk, HDFS and object stores alike, at the cost of a few milliseconds per
 batch instead of a Delta commit.

@@ -333,8 +333,8 @@ def _with_empty_windows(counts: DataFrame, windows: DataFrame, window_seconds: i
 
 def check_against_tables(spark: SparkSession, config: Config, checkpoint: Location) -> None:
     """:class:`CheckpointBehindTables` when the tables hold micro-batches of this checkpoint's app id that the
-    checkpoint never committed, except one batch in flight (planned in ``offsets/``, its ledger entry
-    written: a crash between the writes and the commit, which the replay completes)."""
+    checkpoint never committed, except one batch in flight (planned in ``offsets/``, with its archive append
+    alone or its ledger entry written: a crash between the writes and the commit, which the replay completes)."""
     from delta.tables import DeltaTable
 
     path = storage.join(checkpoint, "kdq_app_id")
@@ -355,7 +355,10 @@ def check_against_tables(spark: SparkSession, config: Config, checkpoint: Locati
     if ahead <= last:
         return
     in_flight = storage.join(checkpoint, "kdq_ledger", last + 1)
-    if ahead == last + 1 and (last + 1) in planned and storage.files_for(in_flight).exists(in_flight):
+    # The batch in flight: planned, and either its ledger entry written (every write may have landed) or only
+    # its archive append landed (the speed layer's first write, before the ledger entry).
+    only_archived = all(v <= last for name, v in versions.items() if name != RAW_ARCHIVE.name)
+    if ahead == last + 1 and (last + 1) in planned and (only_archived or storage.files_for(in_flight).exists(in_flight)):
         log.info("micro-batch %d of %s is in the tables but not committed: the replay completes it", ahead, app_id)
         return
     raise CheckpointBehindTables(

@@ -12,16 +12,22 @@ cannot make every other topic's records late.
 Exactly once, step by step, for micro-batch N (Spark replays N after a crash
 until its commit is in the checkpoint):
 
-1. ledger row N (ingest time, per-topic watermarks, the rules' hash) is read
-   if it exists, else computed and appended: a replay classifies every record
-   identically, with the rules of its first attempt even after a rule change
-   and a restart (the classifier document is kept in the checkpoint by hash);
-2. raw archive append and invalid-reason increments append, each guarded by
-   (app id, N) as write options, on writer threads while this thread runs
-   steps 3 and 4 (samples of invalid messages are a view over the archive,
-   ``invalid_samples``, not a third write);
-3. the window-count increments MERGE (and the summaries MERGE), guarded by the
-   session-wide (app id, N);
+1. one pass over the batch's records: classify, append to the raw archive
+   under the guard (app id, N) as write options, and count, the counts being an
+   observed metric of that write (``DataFrame.observe`` of
+   :func:`kdq.spark.transforms.batch_counts_metric`): each 1 KB value is read,
+   judged and written once, never cached. A replay whose archive append landed
+   reads its counts back from the archived rows instead (their verdicts, their
+   ingest time), so it counts exactly what was archived; samples of invalid
+   messages are a view over the archive (``invalid_samples``);
+2. ledger row N (ingest time, per-topic watermarks before and after, the
+   rules' hash) is written if missing, before any other output: the next
+   batch judges lateness from it, and a replay of an entry written by an
+   earlier version (before its archive append) classifies with the rules of its
+   first attempt (the classifier document is kept in the checkpoint by hash);
+3. the invalid-reason increments append, guarded by (app id, N) as write
+   options, on a writer thread while this thread MERGEs the window-count
+   increments (and the summaries), guarded by the session-wide (app id, N);
 4. absolute counts of the changed windows are read back from Delta and sent
    to the metrics topic and InfluxDB: absolute values, so re-sending after a
    replay is harmless (at-least-once delivery of idempotent values); they carry
@@ -45,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from kdq import batch_failures, storage, stream_state
@@ -61,14 +68,16 @@ from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
 from kdq.spark.ledger import BatchLedger, RulesDocuments
 from kdq.spark.push_reads import counts_version, read_range_at
 from kdq.spark.session import small_query_session
-from kdq.spark.tables import ensure_tables
+from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import (
     append_archive,
     append_reason_increments,
     merge_window_increments,
     now_ms,
+    txn_version,
 )
 from kdq.stream_state import InfluxPushState
+from kdq.tables import RAW_ARCHIVE
 from kdq.windows import subscribe_pattern
 
 log = logging.getLogger("kdq.stream")
@@ -121,8 +130,6 @@ class FaultInjector:
         """Make any Spark job over a record containing ``fail_value`` fail (unless the record is quarantined)."""
         if not self.fail_value:
             return batch
-        from pyspark.sql import functions as F
-
         hit = F.col("value").cast("string").contains(self.fail_value)
         if transforms.QUARANTINED_COLUMN in batch.columns:
             hit = hit & ~F.col(transforms.QUARANTINED_COLUMN)
@@ -209,6 +216,7 @@ class SpeedLayer:
         self.checkpoint = checkpoint or checkpoint_dir(config)
         self.app_id = app_id_for(self.checkpoint)
         self.ledger = BatchLedger(spark, str(self.checkpoint))
+        self._archive_path = table_path(config, RAW_ARCHIVE)
         # The rules as the JVM compiles them; a ledger entry names the hash of the document its batch used.
         self.rules_document = ClassifierDocument.of(rules, config.stream)
         self.rules_documents = RulesDocuments(spark, str(self.checkpoint))
@@ -216,9 +224,10 @@ class SpeedLayer:
         self.reports: dict[int, BatchReport] = {}
         self.on_report: Callable[[BatchReport], None] | None = None
         self._producer = None
-        self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kdq-append")
+        self._writers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdq-append")
         self._quarantine_decisions: BatchLedger | None = None
         self._quarantined: list[dict] = []  # the current batch's applied quarantine entries
+        self._archived = False  # the current batch's archive append landed in an earlier attempt
 
     # -- the source ------------------------------------------------------------
     def source(self) -> DataFrame:
@@ -272,25 +281,22 @@ class SpeedLayer:
             ingest_ms = now_ms()
             before = dict(previous["max_event_ms_after"]) if previous else {}
         rules = self._rules_for(batch_id, current)
+        archived = self._archived
+        if archived:  # the counts are read back from the rows an earlier attempt archived
+            aggregates, archived_ingest_ms = self._archived_aggregates(batch_id)
+            replayed = True
+            ingest_ms = archived_ingest_ms if archived_ingest_ms is not None else ingest_ms
         classified = transforms.mark_late(transforms.classify(batch, rules, stream, ingest_ms), before, stream)
-        classified = classified.persist()
+        if self.config.summaries:  # the summaries read the batch's classified rows too: keep them
+            classified = classified.persist()
         lap("plan")
         report: BatchReport | None = None
         writes: list[Future] = []
         try:
-            try:
-                aggregates = transforms.batch_aggregates(classified).collect()
-            except Exception as exc:
-                # One record Spark's Kafka source cannot convert would fail this batch
-                # on every replay: read the same offsets without it (kafka_fallback).
-                if not is_record_conversion_error(exc):
-                    raise
-                classified.unpersist()
-                batch = self._prepare(fallback_batch(self.spark, self.config, self.checkpoint, batch_id))
-                classified = transforms.mark_late(transforms.classify(batch, rules, stream, ingest_ms), before, stream)
-                classified = classified.persist()
-                aggregates = transforms.batch_aggregates(classified).collect()
-            increments_in = increments_of([row.asDict() for row in aggregates], stream.reasons_window_seconds)
+            if not archived:
+                aggregates, classified = self._archive_and_count(classified, batch, rules, ingest_ms, before, batch_id)
+                self.faults.maybe_crash("after_archive", batch_id, sum(int(r["count"]) for r in aggregates))
+            increments_in = increments_of(aggregates, stream.reasons_window_seconds)
             report = BatchReport(
                 batch_id=batch_id,
                 input_rows=increments_in.input_rows,
@@ -302,8 +308,8 @@ class SpeedLayer:
                 oldest_kafka_ms=increments_in.oldest_kafka_ms,
                 newest_kafka_ms=increments_in.newest_kafka_ms,
             )
-            lap("classify_aggregate")
-            if not replayed:
+            lap("classify_archive")
+            if current is None:
                 self.rules_documents.put(self.rules_document.sha256, self.rules_document.text)  # before the entry naming it
                 self.ledger.write(
                     {
@@ -322,15 +328,11 @@ class SpeedLayer:
             if report.input_rows == 0:
                 return
 
-            # The appends carry their own (app id, batch) guard as write options, so
-            # they run beside the MERGEs on writer threads; the MERGEs use the
-            # session-wide guard and therefore stay on this thread, one after the
-            # other. Each write is idempotent on its own, so any subset of them may
-            # have landed when the process dies: the replay completes the rest.
-            writes = [
-                self._submit(timings, "archive", self._append_archive, classified, batch_id, report.input_rows),
-                self._submit(timings, "reasons", self._append_reasons, increments_in.reason_increments, batch_id),
-            ]
+            # The reasons append carries its own (app id, batch) guard as write options, so it runs beside
+            # the MERGEs on a writer thread; the MERGEs use the session-wide guard and therefore stay on this
+            # thread, one after the other. Each write is idempotent on its own, so any subset of them may have
+            # landed when the process dies: the replay completes the rest.
+            writes = [self._submit(timings, "reasons", self._append_reasons, increments_in.reason_increments, batch_id)]
             increments = increments_in.window_increments
             merge_window_increments(self.small, increments, self.config, self.app_id, batch_id)
             report.visible_ms = now_ms()
@@ -391,6 +393,65 @@ class SpeedLayer:
                 if self.on_report is not None:
                     self.on_report(report)
 
+    def _archive_and_count(
+        self, classified: DataFrame, batch: DataFrame, rules, ingest_ms: int, before: dict[str, int], batch_id: int
+    ) -> tuple[list[dict], DataFrame]:
+        """Append the batch's classified records to the raw archive and return its aggregate rows
+        (:func:`kdq.spark.transforms.batch_aggregates`), computed in the same pass as an observed metric of the
+        write: each 1 KB value is read from Kafka, classified and written once, never cached (issue 24).
+
+        The observation is merged once per result task (as an action's accumulators are), and the write is
+        one result stage: no exchange between the observed rows and the files. Returns the classified frame
+        the summaries read (the fallback batch's when Spark's Kafka source could not convert a record)."""
+        from pyspark.sql import Observation
+
+        def once(frame: DataFrame) -> list[dict]:
+            observation = Observation(f"kdq_batch_{batch_id}_{uuid.uuid4().hex[:8]}")
+            observed = frame.observe(observation, transforms.batch_counts_metric(frame).alias("counts"))
+            append_archive(observed, self.config, self.app_id, batch_id, batch_id, "stream")
+            return transforms.batch_counts_rows(observation.get["counts"])
+
+        try:
+            return once(classified), classified
+        except Exception as exc:
+            # One record Spark's Kafka source cannot convert would fail this batch on every replay: read the
+            # same offsets without it (kafka_fallback). Nothing was committed: the write failed.
+            if not is_record_conversion_error(exc):
+                raise
+            classified.unpersist()
+            batch = self._prepare(fallback_batch(self.spark, self.config, self.checkpoint, batch_id))
+            classified = transforms.mark_late(transforms.classify(batch, rules, self.config.stream, ingest_ms), before, self.config.stream)
+            if self.config.summaries:
+                classified = classified.persist()
+            return once(classified), classified
+
+    def _archived_aggregates(self, batch_id: int) -> tuple[list[dict], int | None]:
+        """The aggregate rows of batch ``batch_id`` from its archived records (an earlier attempt's append
+        landed) and their ingest time: this checkpoint's batch, told apart from another checkpoint's batch of
+        the same id by its Kafka offset ranges (Spark's offset log)."""
+        archive = self.spark.read.format("delta").load(self._archive_path)
+        rows = archive.where((F.col("batch_id") == batch_id) & (F.col("source") == "stream"))
+        ranges = batch_failures.offset_ranges(self.checkpoint, batch_id)
+        if ranges:
+            scope = F.lit(False)
+            for r in ranges:
+                scope = scope | (
+                    (F.col("topic") == r["topic"]) & (F.col("partition") == int(r["partition"]))
+                    & F.col("offset").between(int(r["from"]), int(r["to"]))
+                )
+            rows = rows.where(scope)
+        rows = rows.cache()
+        try:
+            aggregates = [r.asDict() for r in transforms.batch_aggregates(rows).collect()]
+            ingest = rows.agg(F.max(F.unix_millis("ingest_time")).alias("ms")).first()["ms"]
+        finally:
+            rows.unpersist()
+        log.warning(
+            "batch %d: its records were archived by an earlier attempt (%d rows); its counts are read back from them",
+            batch_id, sum(int(r["count"]) for r in aggregates),
+        )
+        return aggregates, (int(ingest) if ingest is not None else None)
+
     def _rules_for(self, batch_id: int, entry: dict | None) -> RuleSet | ClassifierDocument:
         """The rules batch ``batch_id`` is classified with: the current ones, except for a replay whose ledger entry
         names other rules (the rules changed between its first attempt, whose outputs may have landed, and this
@@ -419,6 +480,9 @@ class SpeedLayer:
         which quarantined ranges apply, and mark their records so classify skips the classifier for them."""
         batch_failures.batch_started(self.config, batch_id)
         self.faults.maybe_hang(batch_id)
+        # Archived by an earlier attempt (the archive append is a batch's first output): then its archived rows
+        # are its verdicts, whatever this attempt's clock, rules or quarantine list would say.
+        self._archived = txn_version(self.spark, self._archive_path, self.app_id) >= batch_id
         self._quarantined = self._decide_quarantine(batch_id)
         return self._prepare(batch)
 
@@ -426,8 +490,6 @@ class SpeedLayer:
         """The batch's records with the quarantine mark (when a range applies), in at most
         ``stream.batch_tasks`` tasks, and the test faults."""
         if self._quarantined:
-            from pyspark.sql import functions as F
-
             hit = F.lit(False)
             for e in self._quarantined:
                 hit = hit | (
@@ -443,14 +505,14 @@ class SpeedLayer:
     def _decide_quarantine(self, batch_id: int) -> list[dict]:
         """The quarantine entries batch ``batch_id`` applies, identical for every replay that may matter.
 
-        Outputs of a batch land only after its ledger entry is written. So while batch N has no ledger
-        entry, nothing of it landed and the decision is taken afresh from the operator's list (a range added
+        The archive append is a batch's first output, and its ledger entry follows it. So while batch N has
+        neither, nothing of it landed and the decision is taken afresh from the operator's list (a range added
         after a failed attempt applies to the next one); the decision is recorded in the checkpoint
-        (``kdq_quarantine/N``, same atomic Hadoop-FS files as the ledger) before the ledger entry. Once the
-        ledger entry exists, a replay uses the recorded decision (none if none was recorded), whatever the
-        list says now. Without a quarantine list this costs one stat per batch (plus one on a replay).
+        (``kdq_quarantine/N``, same atomic Hadoop-FS files as the ledger) before the archive append. Once
+        either exists, a replay uses the recorded decision (none if none was recorded), whatever the list
+        says now. Without a quarantine list this costs one stat per batch (plus one on a replay).
         """
-        replay = self.ledger.read(batch_id) is not None
+        replay = self.ledger.read(batch_id) is not None or self._archived
         if not replay and not batch_failures.quarantine_in_use(self.config):
             return []
         if self._quarantine_decisions is None:
@@ -491,10 +553,6 @@ class SpeedLayer:
                 timings[name] = int((time.monotonic() - started) * 1000)
 
         return self._writers.submit(timed)
-
-    def _append_archive(self, classified: DataFrame, batch_id: int, rows: int) -> None:
-        append_archive(classified, self.config, self.app_id, batch_id, batch_id, "stream")
-        self.faults.maybe_crash("after_archive", batch_id, rows)
 
     def _append_reasons(self, reasons: list[dict], batch_id: int) -> None:
         append_reason_increments(self.small, reasons, self.config, self.app_id, batch_id)

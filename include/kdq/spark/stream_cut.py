@@ -15,8 +15,9 @@ The cut takes the stored counts at one ``window_counts`` version ``V`` and, from
 version, the last micro-batch ``T`` whose MERGE it holds (the stream's txn version). The archive (and the
 reasons) are read at versions that hold every batch up to ``T`` (waiting briefly for the stream's appends,
 which run beside its MERGE), and the rows of the stream's later batches are left out: stream-counted rows
-ingested at or after the ingest time of batch ``T + 1`` (from the batch ledger; ingest times grow with
-batch ids, and an older checkpoint's batches all predate this one's). The first race is gone by
+ingested at or after the ingest time of batch ``T + 1`` (from the batch ledger, or the time Spark planned it
+while only its archive append has landed; ingest times grow with batch ids, and an older checkpoint's batches
+all predate this one's). The first race is gone by
 construction. The second is caught at the write: :func:`kdq.spark.batch_layer._merge_absolute` checks that
 each stored count is still the one read (a compare-and-set inside the MERGE) and the job starts over.
 """
@@ -32,7 +33,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq import storage
-from kdq.checkpoint_offsets import speed_layer_checkpoint
+from kdq.checkpoint_offsets import batch_timestamp_ms, speed_layer_checkpoint
 from kdq.config import Config
 from kdq.spark.tables import table_path
 from kdq.spark.writers import delta_snapshot
@@ -108,11 +109,22 @@ def _ledger_entry(config: Config, batch_id: int) -> dict | None:
         return None
 
 
-def _ledger_ingest_ms(config: Config, batch_id: int) -> int:
+def _ingest_bound_ms(config: Config, batch_id: int) -> int:
+    """A time at or before batch ``batch_id``'s ingest time and after every earlier batch's: its ingest time from
+    the ledger, or, while its archive append has landed but its ledger entry is not written yet (the speed
+    layer's order), the trigger time Spark recorded when it planned the batch (after the previous batch
+    committed, before kdq fixed this one's ingest time)."""
     entry = _ledger_entry(config, batch_id)
-    if entry is None:  # its appends landed, so its entry was written first: the ledger was trimmed or lost
-        raise StreamAppendsBehind(f"the stream's ledger has no entry for micro-batch {batch_id}, whose rows landed")
-    return int(entry["ingest_time_ms"])
+    if entry is not None:
+        return int(entry["ingest_time_ms"])
+    path = storage.join(speed_layer_checkpoint(config), "offsets", batch_id)
+    try:
+        planned = batch_timestamp_ms(path)
+    except FileNotFoundError:
+        planned = None
+    if planned is None:  # its rows landed, so it was planned: the checkpoint was trimmed or lost
+        raise StreamAppendsBehind(f"the stream's checkpoint has no entry for micro-batch {batch_id}, whose rows landed")
+    return planned
 
 
 def _ledger_invalid_rows(config: Config, batch_id: int) -> int | None:
@@ -151,7 +163,7 @@ def stream_cut(spark: SparkSession, config: Config, wait_seconds: float = 120.0)
     if time.monotonic() - waiting_since >= 1.0:  # it waited for the stream's appends (the writers journal)
         WAITS.waited_for_stream(time.monotonic() - waiting_since)
     newest = max(archived, reasoned)
-    excluded = _ledger_ingest_ms(config, last_merged + 1) if app_id is not None and newest > last_merged else None
+    excluded = _ingest_bound_ms(config, last_merged + 1) if app_id is not None and newest > last_merged else None
     cut = StreamCut(
         app_id=app_id,
         counts_version=int(counts.version()),

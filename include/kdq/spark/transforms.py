@@ -176,12 +176,8 @@ def batch_aggregates(classified: DataFrame) -> DataFrame:
     trustworthy event time, capped at the ingest time (the watermark's input).
     :mod:`kdq.micro_batch` turns the (small) result
     into window increments, reason increments and per-topic statistics."""
-    trusted = F.col("reason").isNull() | ~F.col("reason").isin(BAD_TIMESTAMP, FUTURE_TIMESTAMP)
-    # The watermark's input is the event time capped at the record's ingest time: a clock ahead by less than
-    # the future margin still makes a valid record, counted in its own window, but only a time the stream has
-    # itself reached may close windows. Uncapped, one record 240 s ahead closed every window of its topic's
-    # next three minutes for the stream (allowed lateness 60 s), and their on-time records went to the batch layer.
-    watermark_input = F.least(F.col("event_time"), F.col("ingest_time"))
+    trusted = _trusted_clock()
+    watermark_input = _watermark_input()
     keys = ("topic", "window_start", "valid", "reason", "counted")
     # Two steps because a string max (rules_version) has no fixed-width buffer: Spark would sort every
     # record of the batch for it (a SortAggregate, ~6 % of a batch's CPU in a profile). With the version
@@ -211,6 +207,53 @@ def batch_aggregates(classified: DataFrame) -> DataFrame:
         "oldest_kafka_ms",
         "newest_kafka_ms",
     )
+
+
+BATCH_COUNTS_FUNCTION = "kdq_batch_counts"
+
+
+def batch_counts_metric(classified: DataFrame) -> Column:
+    """:func:`batch_aggregates` as one aggregate value: a JSON array of the same rows (same groups, same
+    figures), computed by the JVM aggregate ``io.kdq.spark.BatchCounts``.
+
+    Why: the speed layer computes it as an observed metric of the pass that writes the micro-batch's
+    records to the raw archive (``DataFrame.observe``), so the 1 KB values are read, classified and
+    written once and never cached (:mod:`kdq.spark.speed_layer`). Parse the result with
+    :func:`batch_counts_rows`. Registered once per session.
+    """
+    spark = classified.sparkSession
+    if not spark.catalog.functionExists(BATCH_COUNTS_FUNCTION):
+        spark._jsparkSession.udf().register(BATCH_COUNTS_FUNCTION, spark._jvm.io.kdq.spark.BatchCounts.udaf())
+    return F.call_function(
+        BATCH_COUNTS_FUNCTION,
+        F.col("topic"),
+        F.unix_millis("window_start"),
+        F.col("valid"),
+        F.col("reason"),
+        F.col("counted"),
+        F.col("rules_version"),
+        F.when(_trusted_clock(), F.unix_millis(_watermark_input())),
+        F.unix_millis("kafka_timestamp"),
+    )
+
+
+def batch_counts_rows(value: str | None) -> list[dict]:
+    """The rows of :func:`batch_aggregates` from the value of :func:`batch_counts_metric` (None: no row)."""
+    import json
+
+    return json.loads(value) if value else []
+
+
+def _trusted_clock() -> Column:
+    return F.col("reason").isNull() | ~F.col("reason").isin(BAD_TIMESTAMP, FUTURE_TIMESTAMP)
+
+
+def _watermark_input() -> Column:
+    # The watermark's input is the event time capped at the record's ingest time: a clock ahead by less than
+    # the future margin still makes a valid record, counted in its own window, but only a time the stream has
+    # itself reached may close windows. Uncapped, one record 240 s ahead closed every window of its topic's
+    # next three minutes for the stream (allowed lateness 60 s), and their on-time records went to the batch layer.
+    return F.least(F.col("event_time"), F.col("ingest_time"))
 
 
 def count_windows(classified: DataFrame, stream: StreamConfig) -> DataFrame:
