@@ -24,6 +24,13 @@ class StackError(RuntimeError):
     """A local component could not be installed, started or reached; the message says which and why."""
 
 
+def is_marked(cmdline: Sequence[str], marker: str) -> bool:
+    """Whether a command line is the managed process's: it holds ``marker``. An empty one is a process between two
+    ``exec`` calls (spark-submit execs spark-class, which execs java), whose /proc cmdline reads empty for a
+    moment: the pid file named it, so it is still ours (seen: a benchmark took a starting stream for an exited one)."""
+    return not cmdline or any(marker in part for part in cmdline)
+
+
 @dataclass(frozen=True)
 class ManagedProcess:
     name: str
@@ -37,7 +44,7 @@ class ManagedProcess:
             proc = psutil.Process(pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None
-            if any(self.marker in part for part in proc.cmdline()):
+            if is_marked(proc.cmdline(), self.marker):
                 return proc
         except (FileNotFoundError, ValueError, psutil.Error):
             pass
