@@ -180,31 +180,9 @@ def main(argv=None) -> int:
                 rows = transforms.batch_aggregates(written).collect()
             return sum(r["count"] for r in rows)
 
-        import psutil
+        from benchmarks.count_path_floor import interleaved
 
-        def jvm_cpu_seconds() -> float:
-            # CPU time of the driver JVM (the Python process's children): unlike wall time, it holds still
-            # when other programs load the machine, so two paths compare on a busy machine too.
-            total = 0.0
-            for child in psutil.Process().children(recursive=True):
-                try:
-                    times = child.cpu_times()
-                    total += times.user + times.system
-                except psutil.Error:
-                    pass
-            return total
-
-        for _ in range(args.repeat):
-            for name in count_paths:  # interleaved: both see the same machine load
-                t0, c0 = time.monotonic(), jvm_cpu_seconds()
-                counted = count_path(name)
-                took, cpu = time.monotonic() - t0, jvm_cpu_seconds() - c0
-                assert counted == args.rows, (name, counted)
-                print(
-                    f"{name:24s} {took:6.2f} s  {args.rows / took:10,.0f} rows/s  "
-                    f"JVM CPU {cpu:6.2f} s = {cpu / args.rows * 1e6:6.1f} core-µs/row",
-                    flush=True,
-                )
+        interleaved(count_paths, count_path, args.rows, args.repeat, unit="row")
     for name in [v for v in args.variants.split(",") if v != "fixed" and not v.startswith("count_path_")]:
         frame = variant(name)
         if args.explain:

@@ -197,7 +197,9 @@ class KafkaConfig(_Section):
     topic_exclude: str = r"_.*|kdq\..*"
     metrics_topic: str = "kdq.metrics"
     starting_offsets: str = "earliest"
-    max_offsets_per_trigger: int = Field(default=200_000, gt=0)
+    # A catch-up's batch size. The count path keeps no batch in memory (one pass into the archive), so a bigger
+    # batch costs no memory and amortises the per-batch MERGE and commits (benchmarks/PERF_NOTES.md, issue 24).
+    max_offsets_per_trigger: int = Field(default=1_000_000, gt=0)
     fail_on_data_loss: bool = True
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     client: dict[str, str] = Field(

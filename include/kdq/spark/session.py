@@ -118,6 +118,11 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         # sources are local, deterministic rows).
         "spark.databricks.delta.writeChecksumFile.enabled": "false",
         "spark.databricks.delta.merge.materializeSource": "none",
+        # Partitioned writes (the raw archive by event_hour) keep one open file per partition value instead of
+        # sorting every row by it first: a micro-batch spans one or two event hours, and the sort of its 1 KB
+        # rows cost ~2.4 core-µs per record (benchmarks/count_path_floor.py: 20.5 → 18.1). Beyond 4 partition
+        # values in one task Spark falls back to the sort.
+        "spark.sql.maxConcurrentOutputFileWriters": "4",
         # Throughput collector: on 2 cores G1's concurrent marking and write
         # barriers cost the classification ~20 % (benchmarks/results/sweep.md,
         # parallel_gc); the longer pauses of a few-GB heap are far below a
