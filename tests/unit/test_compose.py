@@ -85,6 +85,26 @@ OPTIONAL_VARIABLES = (
 )
 # Passed through to the containers when set (S3A's default credential chain reads them), never interpolated.
 AWS_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# kdq settings that carry a secret, in the environment of the container running kdq's jobs only (the scheduler).
+JOB_SETTINGS = ("KDQ_KAFKA__CLIENT", "KDQ_SPARK__CONF", "KDQ_INFLUXDB__TOKEN")
+AIRFLOW_CORE_SECRETS = {"AIRFLOW_API_SECRET_KEY", "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET", "KDQ_POSTGRES_PASSWORD"}
+# Issue 26: the secrets each service may receive, and nothing more. Airflow's components hold Airflow's own; the
+# scheduler also the ones kdq's jobs use (Kafka, the Spark cluster, InfluxDB, S3); the SQL endpoint only its login
+# and the storage credentials it reads the tables with.
+ALLOWED_SECRETS = {
+    **{node: {"KDQ_KAFKA_ADMIN_PASSWORD", "KDQ_KAFKA_CONTROLLER_PASSWORD", "KDQ_KAFKA_PASSWORD"} for node in KAFKA_NODES},
+    "spark-master": {"KDQ_SPARK_AUTH_SECRET"},
+    **{worker: {"KDQ_SPARK_AUTH_SECRET", *AWS_CREDENTIALS} for worker in SPARK_WORKERS},
+    "postgres": {"KDQ_POSTGRES_PASSWORD"},
+    "airflow-init": AIRFLOW_CORE_SECRETS | {"_AIRFLOW_WWW_USER_PASSWORD"},
+    "airflow-apiserver": AIRFLOW_CORE_SECRETS,
+    "airflow-dag-processor": AIRFLOW_CORE_SECRETS,
+    "airflow-triggerer": AIRFLOW_CORE_SECRETS,
+    "airflow-scheduler": AIRFLOW_CORE_SECRETS | {"KDQ_KAFKA_PASSWORD", "KDQ_SPARK_AUTH_SECRET", "KDQ_INFLUXDB_TOKEN", *AWS_CREDENTIALS},
+    "influxdb": {"KDQ_INFLUXDB_PASSWORD", "KDQ_INFLUXDB_TOKEN"},
+    "grafana": {"GRAFANA_ADMIN_PASSWORD", "GRAFANA_SECRET_KEY", "KDQ_INFLUXDB_TOKEN"},
+    "sql-endpoint": {"KDQ_SQL_PASSWORD", *AWS_CREDENTIALS},
+}
 # Unset in the test's process environment, so only the env file below counts.
 COMPOSE_VARIABLES = (*SECRETS, *OPTIONAL_VARIABLES, *AWS_CREDENTIALS)
 
@@ -544,9 +564,12 @@ def test_airflow_mounts_project(compose: dict[str, Any]) -> None:
 def test_kdq_settings_point_at_the_services(compose: dict[str, Any]) -> None:
     services = compose["services"]
     envs = [_env(services[name]) for name in AIRFLOW_SERVICES]
-    kdq_envs = [{k: v for k, v in env.items() if k.startswith("KDQ_")} for env in envs]
+    # The scheduler alone runs kdq's jobs, so it alone holds their secret-bearing settings (JOB_SETTINGS); on the
+    # others every Airflow service agrees.
+    kdq_envs = [{k: v for k, v in env.items() if k.startswith("KDQ_") and k not in JOB_SETTINGS} for env in envs]
     assert all(e == kdq_envs[0] for e in kdq_envs), "Airflow services disagree on KDQ_* settings"
-    env = kdq_envs[0]
+    env = _env(services["airflow-scheduler"])
+    assert set(JOB_SETTINGS) <= set(env)
     assert env["KDQ_KAFKA__BOOTSTRAP_SERVERS"] == ",".join(f"{node}:9092" for node in KAFKA_NODES)
     assert env["KDQ_SPARK__MASTER"] == "spark://spark-master:7077"
     assert env["KDQ_INFLUXDB__VERSION"] == "2"
@@ -839,3 +862,25 @@ def test_core_caps_apply_to_their_own_application(tmp_path: Path) -> None:
     assert cores("stream_counts") == ["spark.cores.max=2"]
     assert cores("sql_endpoint") == ["spark.cores.max=1"]
     assert cores("batch_recompute") == ["spark.cores.max=8"]
+
+
+def test_each_service_receives_only_the_secrets_it_uses() -> None:
+    """Issue 26: per service, the secrets found anywhere in its resolved definition (environment, command, files
+    it is given), by value, against ALLOWED_SECRETS. The SQL endpoint answers queries from outside Airflow: a query
+    that reads its environment (java_method('java.lang.System', 'getenv', ...)) must find no Airflow, Kafka,
+    InfluxDB or Spark secret there."""
+    aws = {name: f"test-{name.lower().replace('_', '-')}" for name in AWS_CREDENTIALS}
+    resolved = _run_compose("config", variables={**SECRETS, **aws})
+    assert resolved.returncode == 0, resolved.stderr
+    services = yaml.safe_load(resolved.stdout)["services"]
+    values = {**SECRETS, **aws}
+    found = {
+        name: {secret for secret, value in values.items() if value in yaml.safe_dump(service)}
+        for name, service in services.items()
+    }
+    assert set(found) == set(ALLOWED_SECRETS), "a service without an allow-list entry (or one removed)"
+    extra = {name: sorted(found[name] - ALLOWED_SECRETS[name]) for name in found if found[name] - ALLOWED_SECRETS[name]}
+    assert extra == {}, f"services holding secrets they do not use: {extra}"
+    # What the endpoint may hold, it holds: its login; and no service lost a secret it needs.
+    missing = {name: sorted(ALLOWED_SECRETS[name] - found[name]) for name in found if ALLOWED_SECRETS[name] - found[name]}
+    assert missing == {}, f"services without a secret they use: {missing}"
