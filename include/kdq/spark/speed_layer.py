@@ -50,7 +50,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
@@ -294,7 +294,7 @@ class SpeedLayer:
         writes: list[Future] = []
         try:
             if not archived:
-                aggregates, classified = self._archive_and_count(classified, batch, rules, ingest_ms, before, batch_id)
+                aggregates, classified = self._archive_and_count(classified, rules, ingest_ms, before, batch_id)
                 self.faults.maybe_crash("after_archive", batch_id, sum(int(r["count"]) for r in aggregates))
             increments_in = increments_of(aggregates, stream.reasons_window_seconds)
             report = BatchReport(
@@ -394,7 +394,8 @@ class SpeedLayer:
                     self.on_report(report)
 
     def _archive_and_count(
-        self, classified: DataFrame, batch: DataFrame, rules, ingest_ms: int, before: dict[str, int], batch_id: int
+        self, classified: DataFrame, rules: RuleSet | ClassifierDocument, ingest_ms: int, before: dict[str, int],
+        batch_id: int,
     ) -> tuple[list[dict], DataFrame]:
         """Append the batch's classified records to the raw archive and return its aggregate rows
         (:func:`kdq.spark.transforms.batch_aggregates`), computed in the same pass as an observed metric of the
@@ -403,8 +404,6 @@ class SpeedLayer:
         The observation is merged once per result task (as an action's accumulators are), and the write is
         one result stage: no exchange between the observed rows and the files. Returns the classified frame
         the summaries read (the fallback batch's when Spark's Kafka source could not convert a record)."""
-        from pyspark.sql import Observation
-
         def once(frame: DataFrame) -> list[dict]:
             observation = Observation(f"kdq_batch_{batch_id}_{uuid.uuid4().hex[:8]}")
             observed = frame.observe(observation, transforms.batch_counts_metric(frame).alias("counts"))
