@@ -68,7 +68,9 @@ def chart_svg(series: Series, title: str, width: int = 560, height: int = 170) -
         f'<text x="{left + plot_w + 4}" y="{top + 10}" font-size="10" fill="{RATIO_COLOR}">100%</text>',
         f'<text x="{left + plot_w + 4}" y="{top + plot_h}" font-size="10" fill="{RATIO_COLOR}">0%</text>',
     ]
-    points = []
+    # The ratio line is drawn per run of buckets that counted something: a minute with no records has no ratio,
+    # and a line across it would draw one (from the last minute with data to the next).
+    segments: list[list[str]] = [[]]
     for i, b in enumerate(buckets):
         x = left + i * step + (step - bar_w) / 2
         valid_h = plot_h * b.valid / peak
@@ -88,12 +90,15 @@ def chart_svg(series: Series, title: str, width: int = 560, height: int = 170) -
             )
         parts.append("</g>")
         if b.ratio is not None:
-            points.append(f"{x + bar_w / 2:.1f},{top + plot_h * (1 - b.ratio):.1f}")
-    if len(points) > 1:
-        parts.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="{RATIO_COLOR}" stroke-width="1.5"/>')
-    for point in points if len(points) == 1 else ():
-        x, y = point.split(",")
-        parts.append(f'<circle cx="{x}" cy="{y}" r="2.5" fill="{RATIO_COLOR}"/>')
+            segments[-1].append(f"{x + bar_w / 2:.1f},{top + plot_h * (1 - b.ratio):.1f}")
+        elif segments[-1]:
+            segments.append([])
+    for points in segments:
+        if len(points) > 1:
+            parts.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="{RATIO_COLOR}" stroke-width="1.5"/>')
+        elif points:  # a lone minute with data between empty ones: a dot
+            x, y = points[0].split(",")
+            parts.append(f'<circle cx="{x}" cy="{y}" r="2.5" fill="{RATIO_COLOR}"/>')
     for i in (0, len(buckets) // 2, len(buckets) - 1) if buckets else ():
         label = datetime.fromtimestamp(buckets[i].start_ms / 1000, tz=UTC).strftime(label_fmt)
         x = left + i * step + step / 2

@@ -252,6 +252,22 @@ def test_chart_has_one_bar_group_per_bucket_and_a_ratio_line() -> None:
     assert "2 valid, 1 invalid, invalid ratio 33.33 %" in svg
 
 
+def test_the_ratio_line_breaks_at_minutes_without_records() -> None:
+    """Issue 25: a minute with no records has no invalid ratio; a line drawn across empty minutes showed one (from
+    the last minute with data to the next). Runs of counted minutes get a line each, a lone minute a dot."""
+    page = PageRange(NOW)
+    minute = NOW // MINUTE_MS * MINUTE_MS
+    counted = [minute, minute - MINUTE_MS, minute - 10 * MINUTE_MS, minute - 11 * MINUTE_MS, minute - 30 * MINUTE_MS]
+    series = shape_counts(
+        [{"scale": "hour", "topic": "t", "bucket_ms": b, "valid": 1, "invalid": 1} for b in counted], page
+    )["t"]["hour"]
+    svg = chart_svg(series, "t")
+    assert svg.count("<polyline") == 2 and svg.count("<circle") == 1
+    # Nothing at all: no line, no dot.
+    empty = shape_counts([{"scale": "hour", "topic": "t", "bucket_ms": minute, "valid": 0, "invalid": 0}], page)["t"]["hour"]
+    assert "<polyline" not in chart_svg(empty, "t") and "<circle" not in chart_svg(empty, "t")
+
+
 def test_page_sql_on_delta_tables(spark, spark_config) -> None:
     """The page's statements against the real tables and views, rows inserted here with known counts."""
     from kdq.spark.tables import register_tables
