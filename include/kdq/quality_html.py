@@ -294,7 +294,26 @@ def _dag_runs(runs: tuple[DagRunLink, ...], dag_ids: tuple[str, ...]) -> str:
     return f"<p>DAGs: {links}</p><table><tr><th>DAG</th><th>run</th><th>state</th><th>run after</th></tr>{rows}</table>"
 
 
-def render_page(model: PageModel) -> str:
+REFRESH_SECONDS = 10.0
+
+
+def _refresh_script(seconds: float) -> str:
+    """The page refreshes itself in place: it fetches itself and swaps its body (no reload of the Airflow UI's
+    frame, the scroll position kept), one request at a time, ``seconds`` after the previous one finished. The
+    script sits in the head, so the swap leaves it running; a failed fetch keeps the numbers shown (their
+    "As of" says how old they are) and tries again."""
+    body = (
+        "async function refresh(){try{"
+        "const r=await fetch(location.href,{cache:'no-store',credentials:'same-origin'});"
+        "if(r.ok){const doc=new DOMParser().parseFromString(await r.text(),'text/html');"
+        "if(doc.querySelector('[data-field=\"as-of\"]')){const y=window.scrollY;document.body.replaceWith(doc.body);"
+        "window.scrollTo(0,y);}}}catch(e){}setTimeout(refresh,every);}"
+        "setTimeout(refresh,every);"
+    )
+    return f"(function(){{const every={int(seconds * 1000)};{body}}})();"
+
+
+def render_page(model: PageModel, refresh_seconds: float = REFRESH_SECONDS) -> str:
     page = model.page
     if model.sql_error:
         source = (
@@ -311,11 +330,11 @@ def render_page(model: PageModel) -> str:
         )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>kdq data quality</title>'
-        f"<style>{CSS}</style></head><body>"
+        f"<style>{CSS}</style><script>{_refresh_script(refresh_seconds)}</script></head><body>"
         "<h1>kdq: data quality per topic</h1>"
         f'<p class="muted" data-field="as-of" data-now-ms="{page.now_ms}">As of {_iso(page.now_ms)}; '
         f"last hour = windows from {_iso(page.hour_from_ms)}, last day = windows from {_iso(page.day_from_ms)} "
-        "(event time, window start). Reload for fresh numbers.</p>"
+        f"(event time, window start). The page refreshes itself every {refresh_seconds:g} s.</p>"
         f"{source}<h2>Topics</h2>{_overview(model)}<h2>Stream</h2>{_stream(model.stream)}"
         f"<h2>DAG runs</h2>{_dag_runs(model.dag_runs, model.dag_ids)}"
         f"{''.join(_topic_section(t, not model.sql_error) for t in model.topics)}</body></html>"

@@ -311,6 +311,25 @@ def test_quality_page_shows_the_delta_numbers(spark, local_stack, airflow_local,
         width, _ = struct.unpack(">II", data[16:24])
         assert width >= 800
 
+        # Live (issue 25): records produced while the page stays open appear without a reload: the page fetches
+        # itself and swaps its body, so a marker set in this window survives, and its "As of" moves on.
+        driver.execute_script("window.__kdq_still_open = true;")
+        fresh_base = int(time.time() * 1000) // 1000 * 1000
+        fresh = [(i % 3, json.dumps({"fresh": i}).encode(), fresh_base + i * 10) for i in range(5)]
+        produce(config.kafka_bootstrap(), topic, fresh)
+        produced += [(ts, True) for _, _, ts in fresh]
+        with_fresh = expected_counts(topic, produced)
+        wait_for(lambda: window_counts(spark, config, topic) == with_fresh, 300, "the stream counts the fresh records")
+        valid_now = [str(sum(ok for _, ok in produced))]
+        WebDriverWait(driver, 180).until(
+            lambda d: read_page(d)["cells"].get((topic, "overview", "hour-valid")) == valid_now
+        )
+        live = read_page(driver)
+        assert driver.execute_script("return window.__kdq_still_open === true;"), "the page was reloaded"
+        assert live["now_ms"] > shown["now_ms"]
+        assert live["cells"][(topic, "totals-values", "hour-valid")] == valid_now
+        assert driver.save_screenshot(str(ARTIFACTS / "quality-page-live.png"))
+
         # The run link leads to Airflow's page of that run.
         driver.get(f"{airflow.url}{run_page}")
         wait.until(lambda d: run_id in d.find_element(By.TAG_NAME, "body").text)
