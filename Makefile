@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 KDQ := $(VENV)/bin/kdq
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup setup-s3 run stop status test test-unit test-integration test-cluster lint package bench bench-quick bench-sweep chaos
+.PHONY: setup setup-s3 run stop status test test-unit test-integration test-cluster lint package bench bench-quick bench-sweep chaos chaos-s3
 
 setup:
 	@bash scripts/setup.sh
@@ -73,16 +73,24 @@ bench-cluster: setup
 bench-sweep: setup
 	@$(PY) -m benchmarks.sweep
 
-## chaos: the chaos run of issue 13 (not part of `make test`/CI): its own stack on free ports, ~20 min of
-## valid/invalid/late/poison traffic (transactional producer) while the stream's driver is SIGKILLed >= 15
+## chaos: the chaos run of issues 13 and 23 (not part of `make test`/CI): its own stack on free ports, ~20 min
+## of valid/invalid/late/poison traffic (transactional producer) while the stream's driver is SIGKILLed >= 15
 ## times (the supervisor DAG brings it back), the broker restarted twice, InfluxDB stopped 2 min and Airflow's
-## scheduler restarted; then the batch layer, and every output (Delta, metrics topic, InfluxDB) against the
-## ground truth. Results in benchmarks/results/chaos.{json,md}; exits 1 on any difference.
+## scheduler restarted, and beside the stream the recompute DAG every 5 min, two rebuilds of the hour being
+## written, a maintenance run, a recompute backfill and an archive backfill; then the batch layer, and every
+## output (Delta, metrics topic, InfluxDB, raw archive) against the ground truth. Results in
+## benchmarks/results/chaos.{json,md}; exits 1 on any difference.
 ## Shorter: make chaos MINUTES=5; more options: make chaos CHAOS="--seed 42 --keep" (python -m benchmarks.chaos --help)
 MINUTES ?= 20
 CHAOS ?=
 chaos: setup
 	@$(PY) -m benchmarks.chaos --minutes $(MINUTES) $(CHAOS)
+
+## chaos-s3: the same with the tables and checkpoints on s3a:// (moto's S3 and DynamoDB on loopback, kdq's
+## DynamoDB log store), ~10 min of faults; results in benchmarks/results/chaos_s3a.{json,md}
+S3_MINUTES ?= 10
+chaos-s3: setup-s3
+	@$(PY) -m benchmarks.chaos --storage s3a --minutes $(S3_MINUTES) $(CHAOS)
 
 lint: setup
 	@$(VENV)/bin/ruff check include plugins dags spark_jobs tests

@@ -55,6 +55,7 @@ from benchmarks import chaos_logic as cl
 from benchmarks.__main__ import machine_info
 from benchmarks.__main__ import make_config as bench_config
 from benchmarks.speed import read_progress, write_config
+from kdq import writers_journal
 from kdq.config import Config
 from kdq.stack.procs import quiet_port
 
@@ -78,6 +79,17 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--abort-ratio", type=float, default=0.03, help="transactions aborted on purpose")
     p.add_argument("--max-extension-minutes", type=float, help="extend traffic and faults until the kills happened "
                    "(default: half of --minutes)")
+    p.add_argument("--recompute-minutes", type=int, default=5,
+                   help="kdq_hourly_recompute's interval during the run (KDQ_AIRFLOW_RECOMPUTE_MINUTES; product 60)")
+    p.add_argument("--rebuilds", type=int, default=2, help="kdq_rebuild runs of the hour being written (default 2)")
+    p.add_argument("--maintenance-runs", type=int, default=1, help="kdq_maintenance runs (default 1)")
+    p.add_argument("--backfills", type=int, default=1, help="Airflow backfills of the recompute DAG (default 1)")
+    p.add_argument("--archive-backfills", type=int, default=1, help="archive_from_kafka runs (default 1)")
+    p.add_argument("--airflow-parallelism", type=int, default=4,
+                   help="task slots of the run's Airflow (the jobs beside the stream must not starve the supervisor)")
+    p.add_argument("--storage", choices=("local", "s3a"), default="local",
+                   help="where the tables and checkpoints are: local disk, or s3a:// on moto's server with kdq's "
+                        "DynamoDB log store (needs make setup-s3; results in chaos_s3a.{json,md})")
     p.add_argument("--catch-up-minutes", type=float, default=20.0, help="deadline for the stream to read everything")
     p.add_argument("--work-dir", type=Path, help="default: a new temporary folder (removed unless --keep or a failure)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs, tables, checkpoint)")
@@ -132,9 +144,10 @@ def _wait(check, timeout: float, interval: float = 1.0, stop: threading.Event | 
 # -- set-up ---------------------------------------------------------------------------------------------
 
 
-def chaos_config(work: Path) -> Config:
+def chaos_config(work: Path, storage: dict | None = None) -> Config:
     """The benchmark's private config (defaults, no kdq.toml, no KDQ_* variables) with the chaos rules,
-    its components on ports below the ephemeral range (:func:`quiet_port`)."""
+    its components on ports below the ephemeral range (:func:`quiet_port`); ``storage``: the s3a variant's
+    settings (:meth:`kdq.stack.moto.LocalS3.settings`), tables and checkpoints on s3a://."""
     rng = random.Random()
     rules = work / "rules"
     rules.mkdir(parents=True, exist_ok=True)
@@ -149,7 +162,9 @@ def chaos_config(work: Path) -> Config:
         stream={"max_value_bytes": 256 * 1024, "allowed_lateness_seconds": 60, "trigger_interval_seconds": 5},
         # As in the Airflow integration tests: C1-only JIT and the serial GC start a JVM faster, which
         # matters for a stream restarted every minute or two on 2 shared cores; batches here are small.
-        spark={"conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}},
+        spark={"conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+                        **(storage or {}).get("spark_conf", {})}},
+        paths=(storage or {}).get("paths", {}),
         kafka={"local_port": quiet_port(rng), "local_controller_port": quiet_port(rng)},
         influxdb={"local_port": quiet_port(rng), "local_rpc_port": quiet_port(rng)},
     )
@@ -736,6 +751,151 @@ class Faults:
 # -- reading back ---------------------------------------------------------------------------------------
 
 
+class Jobs:
+    """The jobs that write the stream's tables beside it during the fault phase (issue 23, second edition).
+
+    Each planned job (:func:`benchmarks.chaos_logic.plan_jobs`) runs in its own thread at its time, the way
+    an operator starts it: the rebuilds and the maintenance as runs of their DAGs (REST API, the Trigger
+    form's call), the recompute backfill as an Airflow backfill of ``kdq_hourly_recompute`` over the
+    intervals that already ran (``reprocess_behavior = completed``), the archive backfill as
+    ``spark_jobs/archive_from_kafka.py`` over the whole traffic so far (what ``kdq job archive_from_kafka``
+    runs). Each thread then follows its job to the end (deadline ``job_timeout``) and records what
+    happened. Meanwhile the recompute DAG runs on its own, shortened schedule.
+    """
+
+    def __init__(self, stack, config: Config, clock: Clock, seed: int, args: argparse.Namespace, work: Path,
+                 topics: list[str], traffic_started: datetime, recompute_start: datetime,
+                 job_timeout: float = 1800.0) -> None:
+        self.stack = stack
+        self.config = config
+        self.clock = clock
+        self.seed = seed
+        self.args = args
+        self.work = work
+        self.topics = topics
+        self.traffic_started = traffic_started
+        self.recompute_start = recompute_start  # the recompute DAG's start date
+        self.job_timeout = job_timeout
+        self.rng = random.Random(seed + 30)
+        self.stop = threading.Event()  # teardown: stop following
+        self.done: list[dict] = []
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.plan: list[cl.PlannedJob] = []
+
+    def start(self, window_s: float) -> None:
+        a = self.args
+        self.plan = cl.plan_jobs(self.rng, window_s, rebuilds=a.rebuilds, maintenance=a.maintenance_runs,
+                                 backfills=a.backfills, archive_backfills=a.archive_backfills)
+        log.info("job plan: %s", [f"{j.kind}#{j.n}@{j.at_s:.0f}s" for j in self.plan])
+        for job in self.plan:
+            thread = threading.Thread(target=self._run, args=(job,), daemon=True, name=f"job-{job.kind}-{job.n}")
+            self.threads.append(thread)
+            thread.start()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for every job thread; False when one is still following its job at the deadline."""
+        deadline = _now() + timeout
+        for thread in self.threads:
+            thread.join(max(0.1, deadline - _now()))
+        return not any(t.is_alive() for t in self.threads)
+
+    def _run(self, job: cl.PlannedJob) -> None:
+        if self.stop.wait(max(0.0, self.clock.t0 + job.at_s - _now())):
+            return
+        row: dict = {"t": self.clock.t(), "kind": job.kind, "run": job.n}
+        started = _now()
+        try:
+            action = {cl.REBUILD: self._rebuild, cl.MAINTENANCE: self._maintenance, cl.BACKFILL: self._backfill,
+                      cl.ARCHIVE_BACKFILL: self._archive_backfill}[job.kind]
+            action(job, row)
+        except Exception as exc:
+            log.exception("job %s failed", job.kind)
+            row["error"] = repr(exc)[:500]
+            row.setdefault("state", "error")
+        row["seconds"] = round(_now() - started, 1)
+        with self.lock:
+            self.done.append(row)
+        log.info("JOB %s", row)
+
+    # -- through Airflow ------------------------------------------------------------------------------
+
+    def _trigger(self, dag_id: str, run_id: str, conf: dict) -> None:
+        response = self.stack.airflow.api().request(
+            "POST", f"dags/{dag_id}/dagRuns", json={"dag_run_id": run_id, "logical_date": None, "conf": conf}
+        )
+        if response.status_code not in (200, 201):
+            raise RuntimeError(f"triggering {dag_id}: {response.status_code} {response.text[:300]}")
+
+    def _follow(self, dag_id: str, run_id: str) -> str:
+        """The run's final state, polling until it ends (``timeout`` at the deadline)."""
+        state = _wait(lambda: self._ended(dag_id, run_id), self.job_timeout, interval=5.0, stop=self.stop)
+        return state or ("stopped following" if self.stop.is_set() else "timeout")
+
+    def _ended(self, dag_id: str, run_id: str) -> str | None:
+        state = self.stack.airflow.api().get(f"dags/{dag_id}/dagRuns/{run_id}")["state"]
+        return state if state in ("success", "failed") else None
+
+    def _rebuild(self, job: cl.PlannedJob, row: dict) -> None:
+        hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+        run_id = f"chaos_rebuild_{job.n}_{self.seed}"
+        conf = {"from": hour.isoformat(), "to": (hour + timedelta(hours=1)).isoformat(), "topics": "",
+                "reason": "chaos run: a rebuild of the hour the stream is writing"}
+        row["what"] = f"kdq_rebuild run {run_id}: windows [{hour:%H:%M}, {hour + timedelta(hours=1):%H:%M}) of every topic"
+        self._trigger("kdq_rebuild", run_id, conf)
+        row["state"] = self._follow("kdq_rebuild", run_id)
+
+    def _maintenance(self, job: cl.PlannedJob, row: dict) -> None:
+        run_id = f"chaos_maintenance_{job.n}_{self.seed}"
+        row["what"] = f"kdq_maintenance run {run_id} (compaction, retention, vacuum of every table)"
+        self._trigger("kdq_maintenance", run_id, {})
+        row["state"] = self._follow("kdq_maintenance", run_id)
+
+    def _backfill(self, job: cl.PlannedJob, row: dict) -> None:
+        minutes = self.args.recompute_minutes
+        start = self.recompute_start
+        now = datetime.now(UTC)
+        end = now.replace(minute=now.minute - now.minute % minutes, second=0, microsecond=0) - timedelta(minutes=minutes)
+        if end < start:
+            row.update(state="skipped", what="no recompute interval had ended yet")
+            return
+        api = self.stack.airflow.api()
+        body = {"dag_id": "kdq_hourly_recompute", "from_date": start.isoformat(), "to_date": end.isoformat(),
+                "reprocess_behavior": "completed", "max_active_runs": 1, "run_backwards": False, "dag_run_conf": {}}
+        response = api.request("POST", "backfills", json=body)
+        if response.status_code not in (200, 201):
+            raise RuntimeError(f"creating the backfill: {response.status_code} {response.text[:300]}")
+        backfill = response.json()
+        row["what"] = (f"Airflow backfill {backfill.get('id')} of kdq_hourly_recompute, intervals starting "
+                       f"{start:%H:%M}-{end:%H:%M} (re-running completed ones)")
+
+        def finished() -> dict | None:
+            current = api.get(f"backfills/{backfill['id']}")
+            return current if current.get("completed_at") else None
+
+        done = _wait(finished, self.job_timeout, interval=5.0, stop=self.stop)
+        runs = [r for r in api.get("dags/kdq_hourly_recompute/dagRuns", limit=100)["dag_runs"] if r.get("run_type") == "backfill"]
+        states = Counter(r["state"] for r in runs)
+        row["state"] = ("success" if states and set(states) == {"success"} else "failed") if done else "timeout"
+        row["detail"] = "backfill runs: " + (", ".join(f"{k} {n}" for k, n in sorted(states.items())) or "none")
+
+    # -- a job run from the command line --------------------------------------------------------------
+
+    def _archive_backfill(self, job: cl.PlannedJob, row: dict) -> None:
+        end = datetime.now(UTC)
+        args = [f"--topics={','.join(self.topics)}", f"--start-time={self.traffic_started.isoformat()}",
+                f"--end-time={end.isoformat()}", f"--run-id=chaos-archive-{job.n}-{self.seed}"]
+        row["what"] = (f"archive_from_kafka of every chaos topic, Kafka time {self.traffic_started:%H:%M:%S}-{end:%H:%M:%S} "
+                       "(the stream is archiving the same records)")
+        outcome = run_job(self.config, "archive_from_kafka", args, self.work / "jobs.log", timeout=self.job_timeout)
+        s = outcome["summary"]
+        row["state"] = "success" if outcome["exit_code"] == 0 else f"exit {outcome['exit_code']}"
+        held = sum(int(part.get("held_back_for_stream") or 0) for part in s.get("partitions") or [] if isinstance(part, dict))
+        row["detail"] = (f"read {s.get('rows_read')}, loaded {s.get('rows_loaded')}, already archived "
+                         f"{s.get('rows_skipped_already_archived')}, held back for the stream {held}")
+        row["summary"] = {k: v for k, v in s.items() if not isinstance(v, (list, dict))}
+
+
 def end_offsets(config: Config, topics: list[str]) -> dict[tuple[str, int], int]:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -874,7 +1034,7 @@ def hours_between(start: datetime, end: datetime) -> list[datetime]:
 def airflow_runs(airflow) -> dict:
     api = airflow.api()
     out: dict = {"runs": {}, "supervisor_runs": []}
-    for dag in ("kdq_stream_supervisor", "kdq_hourly_recompute"):
+    for dag in ("kdq_stream_supervisor", "kdq_hourly_recompute", "kdq_rebuild", "kdq_maintenance"):
         runs: list = []
         offset = 0
         while True:
@@ -886,9 +1046,28 @@ def airflow_runs(airflow) -> dict:
         out["runs"][dag] = dict(Counter(r["state"] for r in runs))
         if dag == "kdq_stream_supervisor":
             out["supervisor_runs"] = [{"start": r.get("start_date"), "end": r.get("end_date"), "state": r["state"]} for r in runs]
-        else:
-            out["hourly_runs"] = [{"logical_date": r.get("logical_date"), "state": r["state"]} for r in runs]
+        elif dag == "kdq_hourly_recompute":
+            out["hourly_runs"] = [{"logical_date": r.get("logical_date"), "run_type": r.get("run_type"),
+                                   "state": r["state"]} for r in runs]
     return out
+
+
+def settle_recompute(airflow, timeout: float) -> str:
+    """Pause the recompute DAG and wait for its running runs to end (their tasks must not be cut off when
+    Airflow stops); a line for the report."""
+    api = airflow.api()
+    response = api.request("PATCH", "dags/kdq_hourly_recompute", json={"is_paused": True})
+    if response.status_code != 200:
+        return f"could not pause kdq_hourly_recompute: {response.status_code} {response.text[:200]}"
+    started = _now()
+
+    def settled() -> bool:
+        runs = api.get("dags/kdq_hourly_recompute/dagRuns", limit=100, order_by="-run_after")["dag_runs"]
+        return not any(r["state"] in ("queued", "running") for r in runs)
+
+    if _wait(settled, timeout, interval=5.0):
+        return f"kdq_hourly_recompute paused; its last runs ended {_now() - started:.0f} s later"
+    return f"kdq_hourly_recompute paused; runs still running {timeout:.0f} s later (cut off when Airflow stopped)"
 
 
 def _iso_s(text: str | None) -> float | None:
@@ -938,15 +1117,32 @@ def main(argv=None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
 
-    from kdq.stack.airflow import SUPERVISOR_INTERVAL_ENV, LocalAirflow
+    from kdq.stack.airflow import RECOMPUTE_MINUTES_ENV, START_DATE_ENV, SUPERVISOR_INTERVAL_ENV, LocalAirflow
     from kdq.stack.manager import LocalStack
     from kdq.stream_process import stop_stream
 
     started = _now()
-    config = chaos_config(work)
+    local_s3 = None
+    storage = None
+    if args.storage == "s3a":
+        from kdq.stack.moto import LocalS3
+
+        local_s3 = LocalS3(quiet_port(random.Random()), work / "moto.log", bucket="kdq-chaos")
+        local_s3.start()
+        storage = local_s3.settings()
+        log.info("tables and checkpoints on %s (moto at %s)", storage["paths"]["storage_uri"], local_s3.endpoint)
+    config = chaos_config(work, storage)
     stack = LocalStack(config)
     port_rng = random.Random()
-    stack.airflow = LocalAirflow(config, quiet_port(port_rng), extra_env={SUPERVISOR_INTERVAL_ENV: str(args.supervisor_seconds)})
+    now = datetime.now(UTC)
+    # The recompute DAG starts with the interval the run begins in: no catch-up of the hour before the run.
+    recompute_start = now.replace(minute=now.minute - now.minute % args.recompute_minutes, second=0, microsecond=0)
+    stack.airflow = LocalAirflow(config, quiet_port(port_rng), extra_env={
+        SUPERVISOR_INTERVAL_ENV: str(args.supervisor_seconds),
+        RECOMPUTE_MINUTES_ENV: str(args.recompute_minutes),
+        START_DATE_ENV: recompute_start.isoformat(),
+        "AIRFLOW__CORE__PARALLELISM": str(args.airflow_parallelism),
+    })
     stack.airflow.log_server_ports = (quiet_port(port_rng), quiet_port(port_rng))
     topics = list(cl.TOPICS)
     mix = cl.TrafficMix()
@@ -968,6 +1164,10 @@ def main(argv=None) -> int:
             "supervisor_seconds": args.supervisor_seconds,
             "broker_restarts": args.broker_restarts, "influx_outage_seconds": args.influx_outage_seconds,
             "scheduler_restarts": args.scheduler_restarts,
+            "recompute_minutes": args.recompute_minutes, "rebuilds": args.rebuilds,
+            "maintenance_runs": args.maintenance_runs, "backfills": args.backfills,
+            "archive_backfills": args.archive_backfills, "airflow_parallelism": args.airflow_parallelism,
+            "storage": config.paths.storage_uri or "local disk",
         },
         "work_dir": str(work),
     }
@@ -975,6 +1175,7 @@ def main(argv=None) -> int:
     monitor = Monitor(config, clock, work / "events.jsonl")
     traffic = Traffic(config, seed, args.rate, mix, args.transaction_seconds, args.abort_ratio)
     faults = Faults(stack, config, clock, monitor, seed, args, work)
+    jobs: Jobs | None = None
     ok = False
     end_notes: list[str] = []
     try:
@@ -999,6 +1200,8 @@ def main(argv=None) -> int:
         window = args.minutes * 60
         faults.fault_end = clock.t0 + window
         faults.start(window)
+        jobs = Jobs(stack, config, clock, seed, args, work, topics, traffic_started, recompute_start)
+        jobs.start(window)
         hard_end = clock.t0 + window + args.max_extension_minutes * 60
         next_report = _now()
         while True:
@@ -1044,6 +1247,14 @@ def main(argv=None) -> int:
             behind = cl.records_behind(max(progress, key=lambda p: p["batch_id"]).get("end_offsets") or {}, kafka_ends) if progress else None
             end_notes.append(f"the stream did NOT catch up within {args.catch_up_minutes:.0f} min ({behind} records behind); "
                              f"batch failure: {_read_json(config.data_dir / 'stream' / 'batch_failure.json')}")
+        # -- the jobs beside the stream end; the recompute DAG stops being scheduled and settles -----------
+        if not jobs.join(timeout=1800):
+            end_notes.append("a job beside the stream was still running 30 min after the traffic stopped")
+        end_notes.append(settle_recompute(stack.airflow, timeout=900))
+        try:
+            result["writers"] = writers_journal.describe(config)
+        except Exception as exc:
+            result["writers"] = [f"unreadable: {exc!r}"]
         try:
             result["airflow"] = airflow_runs(stack.airflow)
         except Exception as exc:
@@ -1114,12 +1325,17 @@ def main(argv=None) -> int:
         monitor.stop.set()
         faults.join(timeout=60)
         traffic.join(timeout=60)
+        if jobs is not None:
+            jobs.stop.set()
+            jobs.join(timeout=60)
         faults.stop_replacement_scheduler()
         try:
             stopped = stack.down()
             log.info("stopped: %s", ", ".join(stopped) or "nothing was running")
         except Exception:
             log.exception("stopping the stack")
+        if local_s3 is not None:
+            local_s3.stop()
         orphans = kill_orphans(work)
         if orphans:
             end_notes.append(f"processes left behind and killed at the end: {orphans}")
@@ -1142,6 +1358,7 @@ def main(argv=None) -> int:
             after = [s - wall0 - fault["end_t"] for s in supervisor_starts if s and s - wall0 > fault["end_t"]]
             fault["next_supervisor_run_after_s"] = round(min(after), 1) if after else None
     result["faults"] = cl.fault_outcomes(faults.done, events)
+    result["jobs"] = sorted(jobs.done, key=lambda j: j["t"]) if jobs is not None else []
     result["kills"] = faults.kills
     result["producer"] = dict(traffic.stats)
     result["producer_errors"] = traffic.errors[:50]
@@ -1150,13 +1367,19 @@ def main(argv=None) -> int:
     result["duration_seconds"] = round(_now() - started, 1)
     if result.get("verdict", "").startswith("every") and faults.kills < args.kills:
         result["verdict"] += f" (but only {faults.kills} of {args.kills} kills happened)"
+    planned_jobs = len(jobs.plan) if jobs is not None else 0
+    failed_jobs = [j for j in result["jobs"] if j.get("state") not in ("success", "skipped")]
+    if result.get("verdict", "").startswith("every") and (failed_jobs or len(result["jobs"]) < planned_jobs):
+        result["verdict"] += (f" (but {len(failed_jobs)} of the {planned_jobs} jobs beside the stream did not succeed, "
+                              f"{planned_jobs - len(result['jobs'])} did not run)")
     md = cl.markdown({**result, "verdict": result.get("verdict", "?")}) if "parameters" in result else ""
     print(md)
     if not args.no_save:
         args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "chaos.json").write_text(json.dumps(cl.as_jsonable(result), indent=1, default=str) + "\n")
-        (args.output / "chaos.md").write_text(md)
-        print(f"written: {args.output}/chaos.json, chaos.md")
+        name = "chaos" if args.storage == "local" else f"chaos_{args.storage}"
+        (args.output / f"{name}.json").write_text(json.dumps(cl.as_jsonable(result), indent=1, default=str) + "\n")
+        (args.output / f"{name}.md").write_text(md)
+        print(f"written: {args.output}/{name}.json, {name}.md")
     if args.keep or args.work_dir or not ok:
         print(f"work folder kept: {work} (events.jsonl, batch_layer.log, data/stream/stream.log, data/airflow/)")
     else:

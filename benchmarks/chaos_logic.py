@@ -316,6 +316,42 @@ def plan_faults(
     return sorted(draw(), key=lambda f: f.at_s)
 
 
+# -- the jobs run beside the stream (issue 23, chaos second edition) -------------------------------------
+
+REBUILD, MAINTENANCE, BACKFILL, ARCHIVE_BACKFILL = "rebuild", "maintenance", "backfill", "archive_from_kafka"
+JOB_KINDS = (REBUILD, MAINTENANCE, BACKFILL, ARCHIVE_BACKFILL)
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    at_s: float  # seconds after the fault phase began
+    kind: str
+    n: int = 1  # the first or second run of its kind
+
+
+def plan_jobs(
+    rng: random.Random, window_s: float, rebuilds: int = 2, maintenance: int = 1, backfills: int = 1,
+    archive_backfills: int = 1,
+) -> list[PlannedJob]:
+    """Start times of the jobs that write the stream's tables beside it, during the fault phase.
+
+    Each starts in [10 %, 75 %] of the window, so it overlaps the stream's traffic and faults and can
+    finish before the traffic stops. The rebuilds are of the hour the stream is writing at their start;
+    the second starts at least a fifth of the window after the first, so they do not simply queue behind
+    each other. The backfill re-runs the recompute intervals that already ran, so it starts after the
+    first third of the window.
+    """
+    lo, hi = 0.10 * window_s, 0.75 * window_s
+    jobs = []
+    first = rng.uniform(lo, (lo + hi) / 2)
+    for i in range(rebuilds):
+        jobs.append(PlannedJob(round(min(hi, first + i * rng.uniform(0.2, 0.35) * window_s), 1), REBUILD, i + 1))
+    jobs += [PlannedJob(round(rng.uniform(lo, hi), 1), MAINTENANCE, i + 1) for i in range(maintenance)]
+    jobs += [PlannedJob(round(rng.uniform(max(lo, window_s / 3), hi), 1), BACKFILL, i + 1) for i in range(backfills)]
+    jobs += [PlannedJob(round(rng.uniform(lo, hi), 1), ARCHIVE_BACKFILL, i + 1) for i in range(archive_backfills)]
+    return sorted(jobs, key=lambda j: j.at_s)
+
+
 REPLAY, AFTER_COMMIT = "replay", "after_commit"
 
 
@@ -616,7 +652,8 @@ def markdown(result: dict) -> str:
         f"Parameters: {p['rate']} records/s over {', '.join(f'{t} ({n} partitions)' for t, n in p['topics'].items())}; "
         f"invalid {p['invalid_ratio']:.0%}, out of order {p['out_of_order']:.0%}, late {p['late']:.0%}, poison "
         f"{p['poison_ratio']:.0%} of {EVENTS}; transactions of {p['transaction_seconds']} s, {p['abort_ratio']:.0%} aborted on purpose; "
-        f"allowed lateness {p['allowed_lateness_seconds']} s, trigger {p['trigger_seconds']} s; supervisor every {p['supervisor_seconds']} s.",
+        f"allowed lateness {p['allowed_lateness_seconds']} s, trigger {p['trigger_seconds']} s; supervisor every {p['supervisor_seconds']} s"
+        + (f"; tables and checkpoints on {p['storage']}." if p.get("storage") else "."),
         "",
         "## Verdict",
         "",
@@ -686,12 +723,40 @@ def markdown(result: dict) -> str:
     if end:
         lines += ["", "## End of the run", ""]
         lines += [f"- {line}" for line in end.get("notes", [])]
+    jobs = result.get("jobs", [])
+    if jobs:
+        lines += [
+            "",
+            "## Jobs beside the stream",
+            "",
+            "Started during the fault phase, each while the stream was writing (the recompute DAG also ran on its "
+            f"schedule, every {_fmt(p.get('recompute_minutes'))} min; its runs are under Airflow below).",
+            "",
+            "| # | t (s) | job | what | outcome |",
+            "|---|---:|---|---|---|",
+        ]
+        lines += [_job_line({**j, "n": i + 1}) for i, j in enumerate(jobs)]
+    if result.get("writers"):
+        lines += ["", "## Writers beside the stream (`kdq status`, read at the end of the run)", "", "```"]
+        lines += [str(line) for line in result["writers"]]
+        lines += ["```"]
     air = result.get("airflow", {})
     if air:
         lines += ["", "## Airflow", ""]
         lines += [f"- {dag} runs: " + (", ".join(f"{s} {n}" for s, n in sorted(states.items())) or "none")
                   for dag, states in air.get("runs", {}).items()]
     return "\n".join(lines) + "\n"
+
+
+def _job_line(j: dict) -> str:
+    outcome = j.get("state") or "?"
+    if j.get("seconds") is not None:
+        outcome += f" after {_fmt(j['seconds'])} s"
+    if j.get("detail"):
+        outcome += f"; {j['detail']}"
+    if j.get("error"):
+        outcome += f"; ERROR: {j['error']}"
+    return f"| {j.get('n', '')} | {_fmt(j.get('t'))} | {j['kind']} | {j.get('what', '')} | {outcome} |"
 
 
 def summary_line(result: dict) -> str:
@@ -703,9 +768,17 @@ def summary_line(result: dict) -> str:
         f"{_fmt(result.get('fault_phase_seconds', 0) / 60)} min of traffic ({_fmt(t.get('records'))} committed records, "
         f"{_fmt(t.get('by_kind', {}).get('poison'))} poison, {_fmt(t.get('by_timing', {}).get('late'))} late) with "
         f"{faults.get(STREAM_KILL, 0)} stream SIGKILLs, {faults.get(BROKER_RESTART, 0)} broker restarts, "
-        f"{faults.get(INFLUX_OUTAGE, 0)} InfluxDB outage, {faults.get(SCHEDULER_RESTART, 0)} scheduler restart: "
+        f"{faults.get(INFLUX_OUTAGE, 0)} InfluxDB outage, {faults.get(SCHEDULER_RESTART, 0)} scheduler restart"
+        + (f", beside the stream {_jobs_phrase(result['jobs'])}" if result.get("jobs") else "")
+        + ": "
         f"{result.get('verdict', '?')}."
     )
+
+
+def _jobs_phrase(jobs: Sequence[dict]) -> str:
+    counts = Counter(j["kind"] for j in jobs)
+    names = {REBUILD: "rebuild", MAINTENANCE: "maintenance", BACKFILL: "recompute backfill", ARCHIVE_BACKFILL: "archive backfill"}
+    return ", ".join(f"{n} {names.get(k, k)}{'s' if n > 1 else ''}" for k, n in counts.items())
 
 
 def as_jsonable(obj: object) -> object:

@@ -21,6 +21,7 @@ DEFAULT_START_DATE = datetime(2026, 11, 1, tzinfo=UTC)
 START_DATE_ENV = "KDQ_AIRFLOW_START_DATE"
 SUPERVISOR_INTERVAL_ENV = "KDQ_AIRFLOW_SUPERVISOR_SECONDS"
 MAINTENANCE_CRON_ENV = "KDQ_AIRFLOW_MAINTENANCE_CRON"
+RECOMPUTE_MINUTES_ENV = "KDQ_AIRFLOW_RECOMPUTE_MINUTES"
 # The daily maintenance's quiet hour (UTC): after midnight's partitions closed, before a working day.
 DEFAULT_MAINTENANCE_CRON = "30 3 * * *"
 DEFAULT_SUPERVISOR_INTERVAL = timedelta(minutes=2)
@@ -95,3 +96,31 @@ def kdq_maintenance_timetable():
     from airflow.sdk import CronTriggerTimetable
 
     return CronTriggerTimetable(kdq_maintenance_cron(), timezone="UTC", run_immediately=timedelta(0))
+
+
+def kdq_recompute_minutes(default: int = 60) -> int:
+    """The length of the recompute DAG's intervals in minutes: ``$KDQ_AIRFLOW_RECOMPUTE_MINUTES`` or an hour.
+
+    An hour in a deployment (late data is corrected within the hour after it arrived). The chaos run
+    (``make chaos``) shortens it so the batch layer runs on its schedule several times beside the stream
+    during a twenty-minute run. A divisor of 60 (the intervals are aligned to the hour, so every hour is
+    covered by whole intervals); anything else is an import error naming the variable.
+    """
+    value = os.environ.get(RECOMPUTE_MINUTES_ENV, "").strip()
+    if not value:
+        return default
+    minutes = int(value) if value.isdigit() else 0
+    if minutes < 1 or 60 % minutes:
+        raise ValueError(f"{RECOMPUTE_MINUTES_ENV}={value!r}: expected a number of minutes that divides 60 (5, 15, 60, ...)")
+    return minutes
+
+
+def kdq_recompute_timetable():
+    """The recompute DAG's schedule: data intervals of :func:`kdq_recompute_minutes`, aligned to the hour, UTC.
+
+    An explicit data-interval timetable: Airflow 3 turns a bare ``"@hourly"`` into a trigger timetable whose
+    data interval is empty."""
+    from airflow.sdk import CronDataIntervalTimetable
+
+    minutes = kdq_recompute_minutes()
+    return CronDataIntervalTimetable("@hourly" if minutes == 60 else f"*/{minutes} * * * *", timezone="UTC")

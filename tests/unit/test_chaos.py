@@ -189,6 +189,22 @@ def test_fault_plan_is_seeded_complete_and_spread() -> None:
     assert len(short) == 4 and all(9 <= f.at_s <= 162 for f in short)
 
 
+def test_job_plan_puts_every_job_beside_the_traffic() -> None:
+    """The second edition's jobs: two rebuilds apart from each other, a maintenance, a recompute backfill
+    after the first intervals ran, an archive backfill; all while the traffic runs, seeded."""
+    plan = cl.plan_jobs(random.Random(5), 1200)
+    assert plan == cl.plan_jobs(random.Random(5), 1200)
+    assert Counter(j.kind for j in plan) == {cl.REBUILD: 2, cl.MAINTENANCE: 1, cl.BACKFILL: 1, cl.ARCHIVE_BACKFILL: 1}
+    assert [j.at_s for j in plan] == sorted(j.at_s for j in plan)
+    for seed in range(30):
+        plan = cl.plan_jobs(random.Random(seed), 1200)
+        assert all(120 <= j.at_s <= 900 for j in plan), plan
+        first, second = sorted(j.at_s for j in plan if j.kind == cl.REBUILD)
+        assert second - first >= 0.2 * 1200 or second == 900
+        assert next(j.at_s for j in plan if j.kind == cl.BACKFILL) >= 400
+    assert cl.plan_jobs(random.Random(1), 600, rebuilds=0, maintenance=0, backfills=0, archive_backfills=0) == []
+
+
 def test_kills_spread_over_a_batch_and_leave_room_for_progress() -> None:
     rng = random.Random(1)
     plans = [cl.plan_kill(rng, remaining_s=1000, kills_left=8, recovery_s=60, batch_s=30) for _ in range(1000)]
@@ -288,7 +304,18 @@ def test_the_report_names_the_verdict_every_fault_and_every_output() -> None:
         "faults": cl.fault_outcomes([{"t": 5.0, "kind": cl.STREAM_KILL, "end_t": 5.0, "target": "driver_jvm", "pid": 7}],
                                     [{"t": 20.0, "kind": "stream_started"}]),
     }
+    result["parameters"]["recompute_minutes"] = 5
+    result["jobs"] = [
+        {"t": 130.0, "kind": cl.REBUILD, "what": "kdq_rebuild run r1", "state": "success", "seconds": 95.5},
+        {"t": 300.0, "kind": cl.ARCHIVE_BACKFILL, "what": "archive_from_kafka", "state": "exit 1", "seconds": 40.0,
+         "detail": "read 10, loaded 0"},
+    ]
+    result["writers"] = ["rebuild r1: ran beside the stream, waited 2 s for a conflict"]
     md = cl.markdown(result)
+    assert "| 1 | 130.0 | rebuild | kdq_rebuild run r1 | success after 95.5 s |" in md
+    assert "| 2 | 300.0 | archive_from_kafka | archive_from_kafka | exit 1 after 40.0 s; read 10, loaded 0 |" in md
+    assert "every 5 min" in md and "rebuild r1: ran beside the stream" in md
+    assert "beside the stream 1 rebuild, 1 archive backfill" in cl.summary_line(result)
     assert "seed **42**" in md and "every output equals the ground truth" in md
     assert "| delta window_counts | 1 | 1 | 0 | 0 | 0 |" in md and "raw archive" in md
     assert "SIGKILL driver_jvm (pid 7)" in md and "back after 15.0 s" in md

@@ -47,6 +47,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]
 PORT_ENV = "KDQ_AIRFLOW_PORT"
 START_DATE_ENV = "KDQ_AIRFLOW_START_DATE"  # read by plugins/kdq_airflow/defaults.py at parse time
 SUPERVISOR_INTERVAL_ENV = "KDQ_AIRFLOW_SUPERVISOR_SECONDS"  # likewise: the stream supervisor's schedule
+RECOMPUTE_MINUTES_ENV = "KDQ_AIRFLOW_RECOMPUTE_MINUTES"  # likewise: the recompute DAG's interval (the chaos run)
 CATCHUP_HOURS_ENV = "KDQ_AIRFLOW_CATCHUP_HOURS"
 DEFAULT_CATCHUP_HOURS = 2
 USERNAME = "admin"
