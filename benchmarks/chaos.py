@@ -852,22 +852,27 @@ class Jobs:
         row["state"] = self._follow("kdq_maintenance", run_id)
 
     def _backfill(self, job: cl.PlannedJob, row: dict) -> None:
-        minutes = self.args.recompute_minutes
-        start = self.recompute_start
-        now = datetime.now(UTC)
-        end = now.replace(minute=now.minute - now.minute % minutes, second=0, microsecond=0) - timedelta(minutes=minutes)
-        if end < start:
-            row.update(state="skipped", what="no recompute interval had ended yet")
-            return
+        """An Airflow backfill of the recompute intervals whose scheduled runs ended (re-run: the backfill
+        recomputes what the schedule already did, beside the stream and the scheduled runs)."""
         api = self.stack.airflow.api()
-        body = {"dag_id": "kdq_hourly_recompute", "from_date": start.isoformat(), "to_date": end.isoformat(),
+
+        def ended_runs() -> list[dict]:
+            runs = api.get("dags/kdq_hourly_recompute/dagRuns", limit=100)["dag_runs"]
+            return [r for r in runs if r["state"] in ("success", "failed") and r.get("run_type") == "scheduled"]
+
+        ended = _wait(ended_runs, 600, interval=10.0, stop=self.stop)
+        if not ended:
+            row.update(state="skipped", what="no scheduled recompute run had ended within 10 min")
+            return
+        dates = sorted(r["logical_date"] for r in ended)
+        body = {"dag_id": "kdq_hourly_recompute", "from_date": dates[0], "to_date": dates[-1],
                 "reprocess_behavior": "completed", "max_active_runs": 1, "run_backwards": False, "dag_run_conf": {}}
         response = api.request("POST", "backfills", json=body)
         if response.status_code not in (200, 201):
             raise RuntimeError(f"creating the backfill: {response.status_code} {response.text[:300]}")
         backfill = response.json()
-        row["what"] = (f"Airflow backfill {backfill.get('id')} of kdq_hourly_recompute, intervals starting "
-                       f"{start:%H:%M}-{end:%H:%M} (re-running completed ones)")
+        row["what"] = (f"Airflow backfill {backfill.get('id')} of kdq_hourly_recompute, logical dates "
+                       f"{dates[0][11:16]}-{dates[-1][11:16]} ({len(dates)} ended runs re-run)")
 
         def finished() -> dict | None:
             current = api.get(f"backfills/{backfill['id']}")
@@ -876,7 +881,12 @@ class Jobs:
         done = _wait(finished, self.job_timeout, interval=5.0, stop=self.stop)
         runs = [r for r in api.get("dags/kdq_hourly_recompute/dagRuns", limit=100)["dag_runs"] if r.get("run_type") == "backfill"]
         states = Counter(r["state"] for r in runs)
-        row["state"] = ("success" if states and set(states) == {"success"} else "failed") if done else "timeout"
+        if not done:
+            row["state"] = "timeout"
+        elif not runs:
+            row["state"] = "no runs"
+        else:
+            row["state"] = "success" if set(states) == {"success"} else "failed"
         row["detail"] = "backfill runs: " + (", ".join(f"{k} {n}" for k, n in sorted(states.items())) or "none")
 
     # -- a job run from the command line --------------------------------------------------------------

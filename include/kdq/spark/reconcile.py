@@ -22,8 +22,10 @@ exits 1, a failed Airflow task, when either finds a problem):
   (the first 100 are listed). After an hourly recompute of the ingest
   interval [from, to) (``after_recompute``, the hourly DAG's check), rows
   too late for the stream that arrived after ``to`` are left out (the next
-  interval's recompute counts them), and the windows its late rows touched
-  outside [from, to) are checked too.
+  interval's recompute counts them; a window may already count some of them,
+  when a rebuild or a later recompute ran before the check: its count must
+  then lie between its rows without them and with them), and the windows its
+  late rows touched outside [from, to) are checked too.
 
 Reads only the ``topic``/``partition``/``offset`` columns of the archive for
 the offset check, and the range's ``event_hour`` partitions for the counts.
@@ -151,6 +153,27 @@ def _runs(offsets: list[int]) -> list[list[int]]:
     return runs[:MAX_LISTED]
 
 
+def per_window_status(rows, name: str):
+    """Archive rows counted per (topic, window_start, status), each record once, in column ``name``."""
+    from pyspark.sql import functions as F
+
+    from kdq.spark import transforms
+
+    status = F.when(F.col("valid"), F.lit(transforms.VALID)).otherwise(F.lit(transforms.INVALID)).alias("status")
+    return (
+        transforms.one_row_per_record(rows)
+        .select("topic", "window_start", status)
+        .groupBy("topic", "window_start", "status")
+        .agg(F.count(F.lit(1)).alias(name))
+    )
+
+
+def within_pending(stored: int, archived: int, pending: int) -> bool:
+    """A window's stored count matches its archive rows when it counts all of them and, of the rows a later
+    interval's recompute counts (``pending``), none, some or all: another job may have counted them already."""
+    return archived <= stored <= archived + pending
+
+
 def count_mismatches(
     spark, config: Config, topics: list[str], from_ms: int | None, to_ms: int | None, after_recompute: bool = False
 ) -> tuple[int, list[dict], dict]:
@@ -188,11 +211,18 @@ def count_mismatches(
         stored = stored.where(f"window_date IN ({', '.join(range_dates(from_ms, to_ms))})").where(in_range)
         retired = retired.where(F.col("event_hour").isin(range_hours(from_ms, to_ms))).where(in_range)
     late: list[dict] = []
+    # Per (topic, window, status), archived rows a later interval's recompute counts (after_recompute only).
+    pending_counts = None
     if after_recompute and from_ms is not None:
         # Rows too late for the stream that arrived after the interval ended are archived but not counted
-        # yet: the next interval's recompute counts them. They are no mismatch of this interval.
+        # yet: the next interval's recompute counts them. They are no mismatch of this interval. Another job
+        # may have counted some of them already: a rebuild, a backfill's recompute or a later interval's
+        # recompute that ran before this check (they count every row archived when they read). So a window
+        # matches when its count lies between its rows without them and its rows with them; each of those
+        # rows lies in a later ingest interval, whose own check counts it exactly.
         pending = bl.awaiting_recompute(to_ms)
         covered["pending_rows"] = archive.where(pending).count()
+        pending_counts = per_window_status(archive.where(pending), "pending")
         archive = archive.where(~pending)
         windows = bl.late_windows(whole_archive, from_ms, to_ms).where(~in_range).persist()
         try:
@@ -201,10 +231,23 @@ def count_mismatches(
                 recounted = bl.recompute_counts(
                     whole_archive.where(~pending), windows, config.stream.window_seconds, whole_retired
                 )
+                differences = bl.count_differences(spark, config, recounted)
+                waiting = {}
+                if differences:
+                    late_pending = bl.archive_rows_of(whole_archive.where(pending), windows)
+                    waiting = {
+                        (r["topic"], int(r["ms"]), r["status"]): int(r["pending"])
+                        for r in per_window_status(late_pending, "pending")
+                        .select("topic", F.unix_millis("window_start").alias("ms"), "status", "pending")
+                        .collect()
+                    }
                 late = [
                     {k: r[k] for k in ("topic", "window_start_ms", "status")}
                     | {"window_counts": r["old_count"], "archive": r["new_count"]}
-                    for r in bl.count_differences(spark, config, recounted)
+                    for r in differences
+                    if not within_pending(
+                        r["old_count"], r["new_count"], waiting.get((r["topic"], int(r["window_start_ms"]), r["status"]), 0)
+                    )
                 ]
         finally:
             windows.unpersist()
@@ -212,17 +255,24 @@ def count_mismatches(
     recomputed = counts_with_retired(transforms.one_row_per_record(archive), retired, retired, config.stream).select(
         "topic", "window_start", "status", F.col("count").alias("archive_count")
     )
+    compared = stored.select("topic", "window_start", "status", F.col("count").alias("table_count")).join(
+        recomputed, ["topic", "window_start", "status"], "full_outer"
+    )
+    if pending_counts is not None:
+        compared = compared.join(pending_counts, ["topic", "window_start", "status"], "left")
+    else:
+        compared = compared.withColumn("pending", F.lit(0))
     joined = (
-        stored.select("topic", "window_start", "status", F.col("count").alias("table_count"))
-        .join(recomputed, ["topic", "window_start", "status"], "full_outer")
-        .select(
+        compared.select(
             "topic",
             F.unix_millis("window_start").alias("window_start_ms"),
             "status",
             F.coalesce("table_count", F.lit(0)).alias("window_counts"),
             F.coalesce("archive_count", F.lit(0)).alias("archive"),
+            F.coalesce("pending", F.lit(0)).alias("pending"),
         )
-        .where(F.col("window_counts") != F.col("archive"))
+        .where((F.col("window_counts") < F.col("archive")) | (F.col("window_counts") > F.col("archive") + F.col("pending")))
+        .drop("pending")
     ).persist()
     try:
         total = joined.count()
