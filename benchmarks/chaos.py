@@ -1260,7 +1260,7 @@ def main(argv=None) -> int:
         # -- the jobs beside the stream end; the recompute DAG stops being scheduled and settles -----------
         if not jobs.join(timeout=1800):
             end_notes.append("a job beside the stream was still running 30 min after the traffic stopped")
-        end_notes.append(settle_recompute(stack.airflow, timeout=900))
+        end_notes.append(settle_recompute(stack.airflow, timeout=600))
         try:
             result["writers"] = writers_journal.describe(config)
         except Exception as exc:
