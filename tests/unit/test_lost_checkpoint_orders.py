@@ -267,3 +267,20 @@ def test_a_cut_beside_an_archive_append_without_its_ledger_entry_leaves_that_bat
     assert cut.last_merged == 0 and cut.excluded_from_ms == W + 19_000
     offsets = sorted(r["offset"] for r in archive_at(spark, config, cut).where(cut.archive_rows()).collect())
     assert offsets == [0, 1]
+
+
+def test_reconcile_reads_one_cut_of_the_stream(spark, tmp_path) -> None:
+    """The chaos run's hourly reconcile failed on correct data: it read the archive after a micro-batch's
+    archive append and window_counts before that batch's MERGE (the MERGE follows the append), so every
+    window of the batch was a mismatch. It now checks the stored counts against the archive rows they may
+    hold (kdq.spark.stream_cut): the in-flight batch is left out until its MERGE lands."""
+    from kdq.spark.reconcile import count_mismatches
+
+    config, stream = _setup(spark, tmp_path)
+    stream.run(0, W, [0, 1], W + 10_000)
+    stream.plan(1, W, [2, 3, 4], W + 20_000)
+    stream.archive(1)  # batch 1 in flight: archived, not merged yet
+    assert count_mismatches(spark, config, [TOPIC], None, None)[:2] == (0, [])
+    stream.merge(1)
+    assert _counts(spark, config) == {(W, "valid"): 5}
+    assert count_mismatches(spark, config, [TOPIC], None, None)[:2] == (0, [])

@@ -213,8 +213,11 @@ def recompute_counts(
 # -- Delta side effects ----------------------------------------------------------------------------
 
 
-def count_differences(spark: SparkSession, config: Config, new_counts: DataFrame) -> list[dict]:
-    """Rows of (topic, window, status) whose recomputed count differs from window_counts.
+def count_differences(
+    spark: SparkSession, config: Config, new_counts: DataFrame, counts_version: int | None = None
+) -> list[dict]:
+    """Rows of (topic, window, status) whose recomputed count differs from window_counts (its latest version,
+    or ``counts_version``).
 
     Both statuses of every recomputed window are compared, so a status that
     recomputes to 0 while the table has a row shows up as a change to 0.
@@ -250,9 +253,11 @@ def count_differences(spark: SparkSession, config: Config, new_counts: DataFrame
             ["topic", "window_start", "status"],
             "left",
         )
+        reader = spark.read.format("delta")
+        if counts_version is not None:
+            reader = reader.option("versionAsOf", int(counts_version))
         current = (
-            spark.read.format("delta")
-            .load(table_path(config, WINDOW_COUNTS))
+            reader.load(table_path(config, WINDOW_COUNTS))
             .where(f"window_date IN ({', '.join(date_literal(r['d'] * DAY_MS) for r in spans)})")
             .where(in_spans)
             .select("topic", "window_start", "status", F.col("count").alias("old_count"))

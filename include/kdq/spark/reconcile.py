@@ -26,6 +26,9 @@ exits 1, a failed Airflow task, when either finds a problem):
   when a rebuild or a later recompute ran before the check: its count must
   then lie between its rows without them and with them), and the windows its
   late rows touched outside [from, to) are checked too.
+  Both sides are read at one cut of the stream's work (:mod:`kdq.spark.stream_cut`):
+  the stored counts at one version and the archive rows they may hold, so a
+  micro-batch archived but not yet MERGEd is no mismatch.
 
 Reads only the ``topic``/``partition``/``offset`` columns of the archive for
 the offset check, and the range's ``event_hour`` partitions for the counts.
@@ -190,16 +193,19 @@ def count_mismatches(
     from kdq.spark import batch_layer as bl
     from kdq.spark import transforms
     from kdq.spark.retention import counts_with_retired, read_retired
-    from kdq.spark.tables import table_path
-    from kdq.tables import RAW_ARCHIVE, WINDOW_COUNTS
+    from kdq.spark.stream_cut import archive_at, counts_at, stream_cut
     from kdq.windows import range_dates, range_hours
 
     covered = {"pending_rows": 0, "late_windows_checked": 0}
     if not topics:
         return 0, [], covered
-    whole_archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE)).where(F.col("topic").isin(topics))
+    # One consistent cut of the stream's work (kdq.spark.stream_cut): the stored counts at one version, and the
+    # archive rows they may hold. Without it a micro-batch whose archive append landed but whose MERGE had not
+    # yet (it runs after) was a mismatch of every window it touched (seen in the chaos run).
+    cut = stream_cut(spark, config)
+    whole_archive = archive_at(spark, config, cut).where(F.col("topic").isin(topics))
     archive = whole_archive
-    stored = spark.read.format("delta").load(table_path(config, WINDOW_COUNTS)).where(F.col("topic").isin(topics))
+    stored = counts_at(spark, config, cut).where(F.col("topic").isin(topics))
     whole_retired = read_retired(spark, config).where(F.col("topic").isin(topics))
     retired = whole_retired
     in_range = F.lit(True)
@@ -231,7 +237,7 @@ def count_mismatches(
                 recounted = bl.recompute_counts(
                     whole_archive.where(~pending), windows, config.stream.window_seconds, whole_retired
                 )
-                differences = bl.count_differences(spark, config, recounted)
+                differences = bl.count_differences(spark, config, recounted, cut.counts_version)
                 waiting = {}
                 if differences:
                     late_pending = bl.archive_rows_of(whole_archive.where(pending), windows)
