@@ -102,14 +102,18 @@ if [ "${KDQ_SETUP_S3:-0}" = 1 ]; then
 fi
 
 # --- kdq's own Spark functions (jvm/kdq-spark-functions): one shaded jar ---------------
-# The JSON Schema classifier UDF (io.kdq.spark.Classifier). `package` runs the module's
-# JUnit tests (reasons, event time, the JSON-Schema-Test-Suite), so `make test` runs them too.
+# The JSON Schema classifier UDF (io.kdq.spark.Classifier) and the SQL endpoint's read-only rule
+# (io.kdq.spark.ReadOnlyExtension). `package` runs the module's JUnit tests (reasons, event time, the
+# JSON-Schema-Test-Suite; the read-only rule on a local SparkSession with Delta, on pyspark's own jars and the
+# connector jars fetched above), so `make test` runs them too.
 kdq_fn_dir=jvm/kdq-spark-functions
 kdq_fn_jar=$CACHE/jars/kdq/kdq-spark-functions.jar
 kdq_fn_hash=$(cd "$kdq_fn_dir" && find pom.xml src -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 if ! stamp_ok kdq-spark-functions "$kdq_fn_hash" || [ ! -f "$kdq_fn_jar" ]; then
-  say "building $kdq_fn_dir with Maven (its tests included; about a minute)"
-  mvn -q -B -f "$kdq_fn_dir/pom.xml" package \
+  say "building $kdq_fn_dir with Maven (its tests included; about two minutes)"
+  pyspark_jars=$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))') \
+    || die "pyspark is not installed in .venv"
+  mvn -q -B -f "$kdq_fn_dir/pom.xml" package -Dpyspark.jars="$pyspark_jars" -Dconnector.jars="$CACHE/jars/spark" \
     || die "Maven could not build $kdq_fn_dir (compile or test failure, see the output above); kdq-spark-functions.jar is required"
   mkdir -p "$(dirname "$kdq_fn_jar")"
   cp "$kdq_fn_dir/target/kdq-spark-functions.jar" "$kdq_fn_jar.tmp" || die "could not copy the kdq-spark-functions jar"

@@ -7,7 +7,8 @@ one session, opened only after every kdq table and view is registered (see kdq.s
 Runs until SIGTERM (``kdq down``), then stops both servers and the session and prints its report
 (kdq.job_reports.EndpointReport).
 
-main(argv) → args → frozen config → session → kdq.spark.sql_server.serve → report.
+main(argv) → args → frozen config → session (with the read-only rule) → kdq.spark.sql_server.serve (arms it,
+then opens the ports) → report.
 """
 
 from __future__ import annotations
@@ -30,6 +31,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+APP_NAME = "kdq-sql-endpoint"
+
+
+def session_conf(config: Config) -> dict[str, str]:
+    """The endpoint's own session settings over kdq's: the read-only rule (``io.kdq.spark.ReadOnlyExtension``)
+    after Delta's extension, and Spark Connect's read-only interceptor; the same as on the spark-submit command of
+    kdq.stack.sql_endpoint, whose ``spark.sql.extensions`` the session factory's own would otherwise replace."""
+    from kdq.spark.session import spark_conf
+    from kdq.stack.sql_endpoint import read_only_conf
+
+    return read_only_conf(spark_conf(config, APP_NAME))
+
+
 def run(spark, config: Config, args: argparse.Namespace) -> EndpointReport:
     """Serve in an existing session until SIGTERM; returns its report."""
     from kdq.spark.session import exit_when_jvm_dies
@@ -41,7 +55,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> EndpointReport:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(argv, parse_args, run, app_name="kdq-sql-endpoint")
+    return run_main(argv, parse_args, run, app_name=APP_NAME, session_conf=session_conf)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kdq import writers_journal
@@ -59,11 +59,13 @@ def run_main(
     run: Callable[[Any, Config, argparse.Namespace], JobReport],
     app_name: str,
     before_session: Callable[[Config], None] | None = None,
+    session_conf: Callable[[Config], Mapping[str, str]] | None = None,
 ) -> int:
-    """Parse, load the config (failing early on bad config), build the session, run, print the report, always
-    stop the session. The exit code is 0 when the report is ``ok``, else 1; an exception fails the job as usual.
-    A job that writes kdq's tables (:data:`kdq.writers_journal.WRITER_APPS`) records its start and end in the
-    writers journal, with what it waited for."""
+    """Parse, load the config (failing early on bad config), build the session (with the job's own settings of
+    ``session_conf`` over kdq's), run, print the report, always stop the session. The exit code is 0 when the
+    report is ``ok``, else 1; an exception fails the job as usual. A job that writes kdq's tables
+    (:data:`kdq.writers_journal.WRITER_APPS`) records its start and end in the writers journal, with what it
+    waited for."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     config = load_config(args.config)
@@ -77,7 +79,8 @@ def run_main(
     )
     ok, error = False, None
     try:
-        spark = build_session(config, app_name=app_name)
+        own = {"conf": session_conf(config)} if session_conf else {}
+        spark = build_session(config, app_name=app_name, **own)
         try:
             started = time.monotonic()
             report = run(spark, config, args)

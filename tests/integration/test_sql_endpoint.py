@@ -8,11 +8,13 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -38,10 +40,11 @@ spark.stop()
 """
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def endpoint(spark, spark_config: Config, spark_data_dir) -> Iterator[LocalSqlEndpoint]:
     """The endpoint over the ``spark`` fixture's tables (same data folder; a config file, so the spark-submit
-    child loads exactly these settings), ports chosen and recorded by LocalStack; stopped in ``finally``."""
+    child loads exactly these settings), ports chosen and recorded by LocalStack; stopped in ``finally``. One
+    endpoint for the module's tests (each writes its own topics)."""
     config = write_config_file(spark_config, spark_data_dir / "kdq-sql-endpoint.toml")
     endpoint = LocalStack(config).sql_endpoint
     try:
@@ -179,3 +182,160 @@ def test_thrift_server_requires_the_password_when_one_is_set(password_endpoint) 
         output = refused.stdout + refused.stderr
         assert refused.returncode != 0 and "Error" in output, (user, wrong, output[-2000:])
         assert "n\n" not in refused.stdout  # no result header: nothing was answered
+
+
+# Each statement a client must not run, over JDBC and over Spark Connect's SQL; a refusal names what it refused.
+REFUSED_SQL = {
+    "CREATE TABLE kdq.probe (a INT) USING delta": "CreateTable is not allowed",
+    "DROP TABLE kdq.window_counts": "DropTable is not allowed (only queries of the kdq tables and views)",
+    "DELETE FROM kdq.window_counts": "DeleteCommand is not allowed",
+    "INSERT INTO kdq.window_counts SELECT * FROM kdq.window_counts LIMIT 1": "AppendData is not allowed",
+    "MERGE INTO kdq.window_counts t USING (SELECT * FROM kdq.window_counts LIMIT 1) s ON t.topic = s.topic "
+    "WHEN MATCHED THEN DELETE": "MergeIntoCommand is not allowed",
+    "ALTER TABLE kdq.window_counts ADD COLUMNS (probe INT)": "AddColumns is not allowed",
+    "SELECT java_method('java.lang.System', 'getenv', 'HOME')": "(CallMethodViaReflection) is not allowed",
+    "SELECT reflect('java.lang.System', 'getenv', 'HOME')": "(CallMethodViaReflection) is not allowed",
+    "ADD JAR /tmp/kdq-probe.jar": "AddJarsCommand is not allowed",
+    "CREATE FUNCTION kdq.probe AS 'java.lang.Object'": "CreateFunctionCommand is not allowed",
+    "SET spark.kdq.sql.readOnly=false": "SET spark.kdq.sql.readOnly is not allowed",
+    "SELECT TRANSFORM(topic) USING 'cat /etc/hostname' AS (x) FROM kdq.window_counts":
+        "TRANSFORM ... USING (ScriptTransformation) is not allowed",
+    "SELECT * FROM text.`/etc/hostname`": "reading file:/etc/hostname (outside the kdq tables' locations) is not allowed",
+}
+# Allowed: SHOW, DESCRIBE, a session setting a BI tool sends, USE.
+ALLOWED_SQL = [
+    "SHOW TABLES IN kdq",
+    "DESCRIBE kdq.window_counts",
+    "SET spark.sql.session.timeZone=UTC",
+    "USE kdq",
+]
+REFUSAL = "kdq SQL endpoint is read-only: "
+
+CONNECT_CHECKS = """
+import json, os, sys, tempfile
+from pyspark.sql import SparkSession
+from pyspark.sql.functions import udf
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+statements, allowed, topic = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+def outcome(action):
+    try:
+        return {"ok": True, "rows": action()}
+    except Exception as e:  # the client's exception, with the server's message
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+def rows(df):
+    return [[str(v) for v in r] for r in df.collect()]
+def upload_python_file():
+    path = os.path.join(tempfile.mkdtemp(), "kdq_probe.py")
+    with open(path, "w") as f:
+        f.write("x = 1\\n")
+    spark.addArtifacts(path, pyfile=True)
+results = {"sql": {s: outcome(lambda s=s: rows(spark.sql(s))) for s in statements},
+           "allowed": {s: outcome(lambda s=s: rows(spark.sql(s))) for s in allowed}}
+table = spark.table("kdq.window_counts").where(f"topic = '{topic}'")
+results["api"] = {
+    "python udf": outcome(lambda: rows(spark.range(1).select(udf(lambda x: x)("id")))),
+    "conf.set": outcome(lambda: spark.conf.set("spark.kdq.sql.readOnly", "false")),
+    "write": outcome(lambda: table.write.format("delta").mode("append").saveAsTable("kdq.window_counts")),
+    "read.text": outcome(lambda: rows(spark.read.text("/etc/hostname"))),
+    "cache": outcome(lambda: table.cache().count()),
+    "catalog.dropTable": outcome(lambda: spark.catalog.dropTable("kdq.window_counts")),
+    "addArtifacts": outcome(upload_python_file),
+}
+spark.conf.set("spark.sql.session.timeZone", "UTC")  # a session setting: allowed
+table.createOrReplaceTempView("mine")  # a temporary view of the client's own: allowed
+results["reads"] = {
+    "table": rows(table.groupBy("status").sum("count").orderBy("status")),
+    "view": rows(spark.sql("SELECT status, sum(count) FROM mine GROUP BY status ORDER BY status")),
+}
+print(json.dumps(results))
+spark.stop()
+"""
+
+
+def _beeline_each(url: str, statements: list[str], folder: Path) -> dict[str, str]:
+    """Every statement in one beeline session (one JVM: a beeline start costs seconds on the loaded machine), each
+    after a marker query, errors not stopping it (a script file with --force); the output (stdout and stderr in
+    order) of each statement."""
+    script = folder / f"beeline-{uuid.uuid4().hex[:8]}.sql"
+    # A marker after the last statement too: each statement's output is what lies between two markers.
+    script.write_text("".join(f"SELECT 'kdq-marker-{i}' AS m;\n{statement};\n" for i, statement in enumerate(statements))
+                      + f"SELECT 'kdq-marker-{len(statements)}' AS m;\n")
+    done = subprocess.run(
+        [str(BEELINE), "-u", url, "-n", "kdq", "--silent=true", "--outputformat=csv2", "--force=true", "-f", str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, cwd=PROJECT_ROOT, env=CHILD_ENV,
+    )
+    output, outputs = done.stdout, {}
+    (folder / f"{script.stem}.out").write_text(output)
+    for i, statement in enumerate(statements):
+        start = output.find(f"kdq-marker-{i}")
+        end = output.find(f"kdq-marker-{i + 1}")
+        assert 0 <= start < end, output[-3000:]
+        outputs[statement] = output[start:end]
+    return outputs
+
+
+def _window_counts_state(spark) -> tuple[int, int]:
+    """(rows, Delta version) of kdq.window_counts, read by the test's own session."""
+    rows = spark.sql("SELECT count(*) FROM kdq.window_counts").first()[0]
+    version = spark.sql("DESCRIBE HISTORY kdq.window_counts LIMIT 1").first()["version"]
+    return rows, version
+
+
+def test_the_endpoint_is_read_only_over_jdbc_and_spark_connect(spark, endpoint: LocalSqlEndpoint) -> None:
+    """Issue 26: every statement that writes, changes state or runs code is refused over both protocols with a
+    message naming it (io.kdq.spark.ReadOnlyExtension's check rule; Spark Connect's other requests by
+    io.kdq.spark.ReadOnlyConnectInterceptor), and the tables are unchanged afterwards; reads keep working,
+    including of a commit made after the endpoint started (Delta's log replay passes the rule)."""
+    from kdq.spark.writers import merge_window_increments
+
+    topic = f"ro-{uuid.uuid4().hex[:8]}"
+    rows = [{"topic": topic, "window_start_ms": W0, "status": "valid", "count": 3, "rules_version": "r1"},
+            {"topic": topic, "window_start_ms": W0, "status": "invalid", "count": 2, "rules_version": "r1"}]
+    merge_window_increments(spark, rows, endpoint.config, f"test-{uuid.uuid4().hex[:8]}", 0)
+    before = _window_counts_state(spark)
+
+    statements = list(REFUSED_SQL)
+    done = subprocess.run(
+        [sys.executable, "-c", CONNECT_CHECKS, endpoint.connect_url, json.dumps(statements), json.dumps(ALLOWED_SQL),
+         topic],
+        capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    connect = json.loads(done.stdout.strip().splitlines()[-1])
+    (endpoint.home / "read-only-connect.json").write_text(json.dumps(connect, indent=1))  # what the clients saw
+    assert connect["reads"] == {"table": [["invalid", "2"], ["valid", "3"]], "view": [["invalid", "2"], ["valid", "3"]]}
+    # PySpark raises an AnalysisException for each, from the check rule as from the interceptor.
+    for statement, expected in REFUSED_SQL.items():
+        result = connect["sql"][statement]
+        assert not result["ok"] and result["error"].startswith(f"AnalysisException: {REFUSAL}"), (statement, result)
+        assert expected in result["error"], (statement, result)
+    for statement in ALLOWED_SQL:
+        assert connect["allowed"][statement]["ok"], (statement, connect["allowed"][statement])
+    api_expected = {
+        "python udf": "a user-defined function of the client is not allowed",
+        "conf.set": "setting spark.kdq.sql.readOnly is not allowed",
+        "write": "WRITE_OPERATION",
+        "read.text": "reading a data source by format or path (text) is not allowed",
+        "cache": "persist/cache of a DataFrame is not allowed",
+        "catalog.dropTable": "the catalog call DROP_TABLE is not allowed",
+        "addArtifacts": "uploading the artifact pyfiles/kdq_probe.py is not allowed",
+    }
+    for action, expected in api_expected.items():
+        result = connect["api"][action]
+        assert not result["ok"] and result["error"].startswith(f"AnalysisException: {REFUSAL}"), (action, result)
+        assert expected in result["error"], (action, result)
+
+    count = f"SELECT count(*) AS kdq_rows FROM kdq.window_counts WHERE topic = '{topic}'"
+    jdbc = _beeline_each(endpoint.jdbc_url, [*statements, *ALLOWED_SQL, count], endpoint.home)
+    for statement, expected in REFUSED_SQL.items():
+        assert REFUSAL in jdbc[statement] and expected in jdbc[statement], (statement, jdbc[statement][-1500:])
+    for statement in ALLOWED_SQL:
+        assert "Error" not in jdbc[statement], (statement, jdbc[statement][-1500:])
+    # (beeline's own progress lines may come in between while the query runs a job)
+    assert re.search(r"kdq_rows\s*\n\s*2\s*\n", jdbc[count]), jdbc[count]
+
+    # Nothing changed: the same rows and Delta version, no new table.
+    assert _window_counts_state(spark) == before
+    assert not spark.catalog.tableExists("kdq.probe")
+    # The endpoint's log names each refusal (for whoever runs it).
+    assert "refused: kdq SQL endpoint is read-only: DropTable" in endpoint.process.log_file.read_text(errors="replace")

@@ -23,8 +23,11 @@ def test_command_binds_loopback_on_the_recorded_ports(tmp_path) -> None:
     assert confs["spark.hadoop.hive.server2.thrift.bind.host"] == "127.0.0.1"
     assert confs["spark.connect.grpc.binding.port"] == str(endpoint.connect_port)
     assert confs["spark.hadoop.hive.server2.thrift.port"] == str(endpoint.thrift_port)
-    # kdq's own session conf (Delta) reaches the endpoint's session.
-    assert confs["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    # kdq's own session conf (Delta) reaches the endpoint's session, followed by the read-only rule (once on the
+    # command line), and Spark Connect gets the read-only interceptor.
+    assert confs["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension,io.kdq.spark.ReadOnlyExtension"
+    assert sum(part.startswith("spark.sql.extensions=") for part in command) == 1
+    assert confs["spark.connect.grpc.interceptor.classes"] == "io.kdq.spark.ReadOnlyConnectInterceptor"
     assert any(endpoint.process.marker in part for part in command)
     # Delta's classes on the driver class path as well (the Thrift server's threads need them).
     assert "delta-spark" in command[command.index("--driver-class-path") + 1]
@@ -48,6 +51,18 @@ def test_password_turns_on_the_thrift_servers_custom_authentication(tmp_path, mo
     assert "-Dhive.server2.custom.authentication.class=io.kdq.spark.SqlPasswordAuthenticator" in options
     assert "-XX:+UseParallelGC" in options
     assert "s3cret" not in " ".join(command)  # the secret stays in the environment, off the command line
+
+
+def test_read_only_conf_keeps_the_configured_extensions_and_interceptors() -> None:
+    from kdq.stack.sql_endpoint import read_only_conf
+
+    conf = read_only_conf({"spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension, x.Other",
+                           "spark.connect.grpc.interceptor.classes": "x.Audit"})
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension,x.Other,io.kdq.spark.ReadOnlyExtension"
+    assert conf["spark.connect.grpc.interceptor.classes"] == "x.Audit,io.kdq.spark.ReadOnlyConnectInterceptor"
+    again = read_only_conf(conf)
+    assert again == conf  # never twice
+    assert read_only_conf({})["spark.sql.extensions"] == "io.kdq.spark.ReadOnlyExtension"
 
 
 def test_a_container_binds_every_interface(tmp_path) -> None:

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -157,12 +158,16 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
     return conf
 
 
-def build_session(config: Config, app_name: str = "kdq", master: str | None = None) -> SparkSession:
-    """A SparkSession with Delta and the Kafka connector, and every kdq table registered by name."""
+def build_session(
+    config: Config, app_name: str = "kdq", master: str | None = None, conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """A SparkSession with Delta and the Kafka connector, and every kdq table registered by name. ``conf``: a job's
+    own settings over kdq's (the SQL endpoint's ``spark.sql.extensions`` adds its read-only rule to Delta's: the
+    builder's value would otherwise replace the one spark-submit was given)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master or config.spark_master())
-    for key, value in spark_conf(config, app_name).items():
+    for key, value in {**spark_conf(config, app_name), **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -14,6 +14,12 @@ created at start. Every client session is a new session over the same in-memory 
 views are shared; SET and temporary views are per client). Reads go through Delta's snapshot
 isolation: a query sees the last committed MERGE of the stream, never half of one.
 
+The endpoint is read-only for its clients: before either port opens, :func:`make_read_only` arms kdq's check rule
+(``io.kdq.spark.ReadOnlyExtension`` in ``spark.sql.extensions``, set by :mod:`kdq.stack.sql_endpoint`) in every
+session of the driver, so DDL, DML, ``ADD JAR``, ``CREATE FUNCTION``, ``SET`` of non-session settings, reflection,
+scripts, UDFs and reads outside the tables' locations are refused with ``kdq SQL endpoint is read-only: ...``;
+Spark Connect requests that never become a plan are refused by ``io.kdq.spark.ReadOnlyConnectInterceptor``.
+
 Runs until SIGTERM (``kdq down``), then stops both servers.
 """
 
@@ -44,6 +50,23 @@ def warm_up(spark, config: Config) -> None:
     log.info("warmed up in %.1f s", time.monotonic() - started)
 
 
+READ_ONLY_EXTENSION = "io.kdq.spark.ReadOnlyExtension"
+
+
+def make_read_only(spark: SparkSession) -> str:
+    """Arm the read-only check in every session of this driver (the start-up's own writes, creating and
+    registering the tables, are done): one-way, JVM-wide, not a setting a client could change. Raises when the
+    extension is missing from the class path or from ``spark.sql.extensions``: the endpoint must not open then."""
+    from py4j.java_gateway import JavaClass
+
+    extension = spark.sparkContext._jvm.io.kdq.spark.ReadOnlyExtension
+    if not isinstance(extension, JavaClass):
+        raise RuntimeError(
+            f"{READ_ONLY_EXTENSION} is not on the SQL endpoint's class path (kdq-spark-functions.jar: run `make setup`)"
+        )
+    return extension.enforce(spark._jsparkSession)
+
+
 def serve(
     spark: SparkSession,
     config: Config,
@@ -62,6 +85,7 @@ def serve(
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     jvm = spark.sparkContext._jvm
     warm_up(spark, config)
+    log.info("%s", make_read_only(spark))
     thrift = None
     if thrift_port:
         thrift = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(

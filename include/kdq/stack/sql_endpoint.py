@@ -30,6 +30,29 @@ PASSWORD_ENV = "KDQ_SQL_PASSWORD"
 
 AUTHENTICATOR = "io.kdq.spark.SqlPasswordAuthenticator"
 
+# The endpoint is read-only (kdq-spark-functions: io.kdq.spark.ReadOnlyExtension and its check rule, armed by
+# kdq.spark.sql_server once the tables are registered; Spark Connect's requests that never become a plan go
+# through the interceptor). Clients query the kdq tables and views; nothing they send writes or runs code.
+READ_ONLY_EXTENSION = "io.kdq.spark.ReadOnlyExtension"
+READ_ONLY_INTERCEPTOR = "io.kdq.spark.ReadOnlyConnectInterceptor"
+
+
+def _with(listed: str, name: str) -> str:
+    """``name`` appended to a comma-separated list of class names (once)."""
+    names = [part.strip() for part in listed.split(",") if part.strip()]
+    return ",".join(names if name in names else [*names, name])
+
+
+def read_only_conf(session_conf: Mapping[str, str]) -> dict[str, str]:
+    """The read-only extension after the session's own (Delta's ``io.delta.sql.DeltaSparkSessionExtension``,
+    any of ``[spark.conf]``), and the Spark Connect interceptor after any configured one."""
+    return {
+        "spark.sql.extensions": _with(session_conf.get("spark.sql.extensions", ""), READ_ONLY_EXTENSION),
+        "spark.connect.grpc.interceptor.classes": _with(
+            session_conf.get("spark.connect.grpc.interceptor.classes", ""), READ_ONLY_INTERCEPTOR
+        ),
+    }
+
 
 def thrift_auth_conf(env: Mapping[str, str], driver_java_options: str = "") -> dict[str, str]:
     """Password authentication of the Thrift server when ``KDQ_SQL_PASSWORD`` is set (the compose
@@ -86,11 +109,13 @@ class LocalSqlEndpoint:
             ["--host", self.bind_host, "--connect-port", str(self.connect_port), "--thrift-port", str(self.thrift_port)],
             app_name="kdq-sql-endpoint",
         )
+        session_conf = self._session_conf()
         conf = {
             **ENDPOINT_CONF,
+            **read_only_conf(session_conf),
             "spark.connect.grpc.binding.address": self.bind_host,
             "spark.hadoop.hive.server2.thrift.bind.host": self.bind_host,
-            **thrift_auth_conf(os.environ, self._driver_java_options()),
+            **thrift_auth_conf(os.environ, session_conf.get("spark.driver.extraJavaOptions", "")),
             "spark.connect.grpc.binding.port": str(self.connect_port),
             "spark.hadoop.hive.server2.thrift.port": str(self.thrift_port),
             "spark.kdq.sqlEndpoint.dataDir": str(self.config.data_dir),
@@ -102,12 +127,20 @@ class LocalSqlEndpoint:
             jars = command[command.index("--jars") + 1]
             extra += ["--driver-class-path", jars.replace(",", ":")]
         script = command.index(next(part for part in command if part.endswith("sql_endpoint.py")))
-        return [*command[:script], *extra, *command[script:]]
+        # One value per key on the command line: the session's own spark.sql.extensions gives way to the one above.
+        head, i = [], 0
+        while i < script:
+            if command[i] == "--conf" and command[i + 1].split("=", 1)[0] in conf:
+                i += 2
+                continue
+            head.append(command[i])
+            i += 1
+        return [*head, *extra, *command[script:]]
 
-    def _driver_java_options(self) -> str:
+    def _session_conf(self) -> dict[str, str]:
         from kdq.spark.session import spark_conf
 
-        return spark_conf(self.config, "kdq-sql-endpoint").get("spark.driver.extraJavaOptions", "")
+        return spark_conf(self.config, "kdq-sql-endpoint")
 
     def start(self, timeout: float = 240.0, wait: bool = True) -> None:
         """Start (no-op when running); with ``wait``, block until both ports answer or raise StackError."""
