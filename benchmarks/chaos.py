@@ -991,13 +991,15 @@ def read_delta(config: Config, topics: list[str]) -> tuple[list[tuple], dict]:
     from pyspark.sql import functions as F
 
     from kdq.spark.session import build_session
+    from kdq.storage import table_location
 
     spark = build_session(config, app_name="kdq-chaos-check")
     try:
-        counts = spark.read.format("delta").load(str(config.tables_dir / "window_counts")).where(F.col("topic").isin(topics))
+        # kdq.storage's locations: a local folder, or s3a:// with paths.storage_uri (--storage s3a)
+        counts = spark.read.format("delta").load(table_location(config, "window_counts")).where(F.col("topic").isin(topics))
         rows = [(r[0], int(r[1]), r[2], int(r[3])) for r in
                 counts.select("topic", F.unix_millis("window_start"), "status", "count").collect()]
-        archive = spark.read.format("delta").load(str(config.tables_dir / "raw_archive")).where(F.col("topic").isin(topics))
+        archive = spark.read.format("delta").load(table_location(config, "raw_archive")).where(F.col("topic").isin(topics))
         archived = {(r[0], int(r[1]), int(r[2])): int(r[3]) for r in
                     archive.groupBy("topic", "partition", "offset").count().collect()}
         return rows, archived
