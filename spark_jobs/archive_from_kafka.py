@@ -22,7 +22,7 @@ import sys
 import uuid
 from collections.abc import Sequence
 
-from kdq.config import Config
+from kdq.config import Config, check_kafka_reachable
 from kdq.job_reports import ArchiveReport
 from kdq.jobs import run_main, time_arg, topics_arg
 
@@ -63,7 +63,8 @@ def run(spark, config: Config, args: argparse.Namespace) -> ArchiveReport:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(argv, parse_args, run, app_name="kdq-archive-from-kafka")
+    # Kafka first: an unreachable broker or refused credentials fail the job with a clear error, not a timeout.
+    return run_main(argv, parse_args, run, app_name="kdq-archive-from-kafka", before_session=check_kafka_reachable)
 
 
 if __name__ == "__main__":

@@ -46,12 +46,16 @@ def session_conf(config: Config) -> dict[str, str]:
 
 def run(spark, config: Config, args: argparse.Namespace) -> EndpointReport:
     """Serve in an existing session until SIGTERM; returns its report."""
+    import os
+
     from kdq.spark.session import exit_when_jvm_dies
     from kdq.spark.sql_server import serve
+    from kdq.stack.sql_endpoint import TLS_KEYSTORE_PASSWORD_ENV
 
     # A container stop or `kill` reaches the spark-submit JVM: the driver must not stay behind without it.
     exit_when_jvm_dies(spark)
-    return serve(spark, config, args.host, args.connect_port, args.thrift_port)
+    return serve(spark, config, args.host, args.connect_port, args.thrift_port,
+                 keystore_password=os.environ.get(TLS_KEYSTORE_PASSWORD_ENV) or None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from kdq.config import Config, ConfigError, load_config
 
@@ -190,14 +192,36 @@ def _job(config: Config, args: argparse.Namespace) -> int:
 def _sql_endpoint(config: Config, args: argparse.Namespace) -> int:
     """The SQL endpoint in the foreground (a container's main process): the same spark-submit command as
     the local stack's, bound to ``--host``; replaces this process, so signals reach the endpoint itself."""
-    from kdq.stack.sql_endpoint import PASSWORD_ENV, LocalSqlEndpoint
+    from kdq.stack.sql_endpoint import (
+        PASSWORD_ENV,
+        TLS_KEYSTORE_ENV,
+        TLS_KEYSTORE_PASSWORD_ENV,
+        EndpointSecurityError,
+        LocalSqlEndpoint,
+        endpoint_env,
+        security_check,
+        self_signed_keystore,
+    )
     from kdq.stream_process import child_env
 
+    try:
+        keystore = os.environ.get(TLS_KEYSTORE_ENV)
+        if args.self_signed_tls and keystore and os.environ.get(TLS_KEYSTORE_PASSWORD_ENV):
+            names = [socket.gethostname(), socket.getfqdn(), "localhost", "127.0.0.1", *args.tls_name]
+            if self_signed_keystore(Path(keystore), os.environ[TLS_KEYSTORE_PASSWORD_ENV], names):
+                print(f"kdq sql-endpoint: created a self-signed keystore {keystore} for {', '.join(dict.fromkeys(names))}; "
+                      f"clients trust its certificate {keystore}.crt", flush=True)
+        security_check(os.environ, args.host)
+    except EndpointSecurityError as exc:
+        print(f"kdq sql-endpoint: {exc}", file=sys.stderr)
+        return 2
     endpoint = LocalSqlEndpoint(config, args.connect_port, args.thrift_port, bind_host=args.host)
     command = endpoint.command()
+    protections = [what for what, on in (("password required on both", os.environ.get(PASSWORD_ENV)),
+                                         ("Thrift over TLS", os.environ.get(TLS_KEYSTORE_ENV))) if on]
     print(f"kdq sql-endpoint: Spark Connect on {args.host}:{args.connect_port}, Thrift on {args.host}:{args.thrift_port}"
-          + (" (password required)" if os.environ.get(PASSWORD_ENV) else ""), flush=True)
-    os.execvpe(command[0], command, {**os.environ, **child_env(config)})
+          + (f" ({', '.join(protections)})" if protections else ""), flush=True)
+    os.execvpe(command[0], command, {**os.environ, **child_env(config), **endpoint_env(os.environ)})
     return 0  # not reached
 
 
@@ -208,10 +232,10 @@ def _sql(config: Config, args: argparse.Namespace) -> int:
 
     endpoint = None if args.local else running_endpoint(config)
     if endpoint is not None:
-        from pyspark.sql import SparkSession
+        from kdq.sql_client import connect_builder
 
         print(f"kdq sql: through the SQL endpoint {endpoint.connect_url}", file=sys.stderr)
-        spark = SparkSession.builder.remote(endpoint.connect_url).getOrCreate()
+        spark = connect_builder(endpoint.connect_url).getOrCreate()
     else:
         from kdq.spark.session import build_session
 
@@ -428,6 +452,13 @@ def build_parser() -> argparse.ArgumentParser:
     endpoint.add_argument("--host", default="127.0.0.1", help="address to listen on (a container: 0.0.0.0)")
     endpoint.add_argument("--connect-port", type=int, default=15002, help="Spark Connect port (default 15002)")
     endpoint.add_argument("--thrift-port", type=int, default=10000, help="Thrift (HiveServer2, JDBC) port (default 10000)")
+    endpoint.add_argument(
+        "--self-signed-tls", action="store_true",
+        help="when the keystore KDQ_SQL_TLS_KEYSTORE does not exist, create it with a self-signed certificate "
+        "(and its PEM beside it, <keystore>.crt, for clients to trust)",
+    )
+    endpoint.add_argument("--tls-name", action="append", default=[],
+                          help="a host name or address clients use, added to the self-signed certificate (repeatable)")
     endpoint.set_defaults(func=_sql_endpoint)
     sql = commands.add_parser("sql", help="run Spark SQL on the kdq tables (registered by name)")
     sql.add_argument("statement", nargs="+")

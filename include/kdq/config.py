@@ -17,6 +17,7 @@ import json
 import os
 import re
 import socket
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -34,37 +35,57 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown or invalid. The message names the key, never a secret value."""
 
 
-# Keys whose values Spark (spark.redaction.regex) or a Kafka client treat as secret (passwords, JAAS lines with
-# them, tokens, keys): an error names such a key and the problem, never its value, since errors land in task logs.
-SECRET_KEY = re.compile(r"(?i)secret|password|passwd|token|credential|jaas|access[._-]?key|private[._-]?key")
+# Keys whose values Spark (spark.redaction.regex), Hadoop (hadoop.security.sensitive-config-keys) or a Kafka client
+# (the Java client's PASSWORD-type settings, librdkafka's sensitive ones) treat as secret: passwords, JAAS lines with
+# them, tokens, keys, private-key PEMs. An error names such a key and the problem, never its value, since errors land
+# in task logs. Matched against the dotted path of a setting (``kafka.client.ssl.key.pem``), so a nested TOML table
+# (``ssl.key.pem = ...`` without quotes) is recognised too.
+SECRET_KEY = re.compile(
+    r"(?i)secret|password|passwd|token|credential|jaas|access[._-]?key|private[._-]?key"
+    r"|ssl[._]key(?:[._]pem)?$|ssl\.keystore\.key$|certificate\.chain$|truststore\.certificates$"
+    r"|oauthbearer\.config$|account\.key|encryption\.key"
+)
+# The settings maps that hold such keys: a value of the wrong type there (a string, a list) is not shown at all.
+SECRET_MAPS = ("kafka.client", "spark.conf")
 REDACTED = "<redacted>"
-_URL_USERINFO = re.compile(r"(?<=://)[^/\s@]+@")
+# A URL's user info (user:password@), up to the last @ of the authority (a password may hold an unescaped @).
+_URL_USERINFO = re.compile(r"(?<=://)[^/?#\s'\"]*@")
 
 
 def redact(key: str, value: Any) -> Any:
-    """``value`` of ``key`` as an error message may show it: a secret key's value hidden, mappings redacted key by
-    key, URLs without their user info."""
+    """``value`` of ``key`` (a dotted path) as an error message may show it: a secret key's value hidden, mappings
+    redacted key by key, a settings map of the wrong type hidden whole, URLs without their user info."""
     if SECRET_KEY.search(key):
         return REDACTED
     if isinstance(value, Mapping):
-        return {k: redact(str(k), v) for k, v in value.items()}
+        return {k: redact(f"{key}.{k}" if key else str(k), v) for k, v in value.items()}
+    if key in SECRET_MAPS:
+        return REDACTED
     if isinstance(value, str):
-        return _URL_USERINFO.sub(REDACTED + "@", value)
+        return redact_text(value)
     return value
 
 
-def _secret_values(raw: Any, key: str = "") -> set[str]:
-    """Every string under a secret key of the raw configuration (file, environment, overrides), and URLs' user
-    info: scrubbed from a message whatever path led a validator to quote it."""
+def redact_text(text: str) -> str:
+    """``text`` without the user info (``user:password@``) of the URLs in it: for messages that quote a URL
+    (``influxdb.url`` may carry credentials)."""
+    return _URL_USERINFO.sub(REDACTED + "@", text)
+
+
+def _secret_values(raw: Any, key: str = "", secret: bool = False) -> set[str]:
+    """Every string under a secret key of the raw configuration (file, environment, overrides), every string of a
+    settings map that is not a mapping, and URLs' user info: scrubbed from a message whatever path led a validator
+    to quote it. ``key`` is the dotted path of ``raw``."""
     found: set[str] = set()
+    secret = secret or bool(key and SECRET_KEY.search(key))
     if isinstance(raw, Mapping):
         for k, v in raw.items():
-            found |= _secret_values(v, str(k))
+            found |= _secret_values(v, f"{key}.{k}" if key else str(k), secret)
     elif isinstance(raw, list | tuple):
         for v in raw:
-            found |= _secret_values(v, key)
+            found |= _secret_values(v, key, secret or key in SECRET_MAPS)
     elif isinstance(raw, str) and raw:
-        if SECRET_KEY.search(key):
+        if secret or key in SECRET_MAPS:
             found.add(raw)
         found.update(m.group(0)[:-1] for m in _URL_USERINFO.finditer(raw))
     return {v for v in found if len(v) >= 3}
@@ -73,7 +94,7 @@ def _secret_values(raw: Any, key: str = "") -> set[str]:
 def _scrub(message: str, secrets: set[str]) -> str:
     for secret in sorted(secrets, key=len, reverse=True):
         message = message.replace(secret, REDACTED)
-    return _URL_USERINFO.sub(REDACTED + "@", message)
+    return redact_text(message)
 
 
 class _Section(BaseModel):
@@ -152,6 +173,13 @@ class PathsConfig(_Section):
                 "tables and checkpoints under data_dir)"
             )
         scheme, rest = match.group(1).lower(), match.group(2)
+        if re.match(r"[^/?#@]*:[^/?#]*@", rest):
+            # s3a://KEY:SECRET@bucket: Hadoop refuses secrets in URIs, and every message naming the storage root
+            # would carry them (the value is not shown: the error scrubs user info).
+            raise ValueError(
+                "credentials in the URI (user:secret@) are not supported: put them in [spark.conf] "
+                "(spark.hadoop.fs.s3a.access.key / spark.hadoop.fs.s3a.secret.key, ...) or the environment"
+            )
         if scheme in ("s3", "s3n"):
             raise ValueError(f"{scheme}:// has no FileSystem in Apache Hadoop: use s3a:// (hadoop-aws), got {value!r}")
         if scheme != "file" and not rest.split("/", 1)[0]:
@@ -495,7 +523,13 @@ class Config(_Section):
         try:
             return type(self).model_validate({**fields, "summaries": list(summaries)})
         except ValidationError as exc:
-            raise ConfigError(f"invalid summaries: {exc}") from None
+            # Each problem by its key, without pydantic's input_value: a check across sections gets the whole
+            # config as its input, secrets included.
+            problems = [
+                f"{'.'.join(str(part) for part in err['loc']) or 'summaries'}: {str(err['msg']).removeprefix('Value error, ')}"
+                for err in exc.errors()
+            ]
+            raise ConfigError("invalid summaries:\n  " + "\n  ".join(problems)) from None
 
     def summary(self, name: str) -> SummaryConfig:
         for summary in self.summaries:
@@ -741,15 +775,61 @@ def load_config(
         raise ConfigError(_scrub(message, _secret_values(raw))) from None
 
 
-def check_kafka_reachable(config: Config, timeout: float = 5.0) -> None:
-    """Fail at start, naming the servers, when none of the bootstrap servers accepts a connection."""
+def check_kafka_reachable(config: Config, timeout: float = 5.0, login_timeout: float = 15.0) -> None:
+    """Fail at start, naming the servers, when none of the bootstrap servers accepts a connection; with SASL in
+    ``kafka.client``, also when the brokers refuse its login (:func:`check_kafka_login`)."""
     servers = [s.strip() for s in config.kafka_bootstrap().split(",") if s.strip()]
     failures = []
     for server in servers:
         host, _, port = server.rpartition(":")
         try:
             with socket.create_connection((host, int(port)), timeout=timeout):
-                return
+                break
         except OSError as exc:
             failures.append(f"{server} ({exc.strerror or exc})")
-    raise ConfigError(f"kafka.bootstrap_servers: cannot reach any broker: {', '.join(failures)}")
+    else:
+        raise ConfigError(f"kafka.bootstrap_servers: cannot reach any broker: {', '.join(failures)}")
+    if str(config.kafka.client.get("security.protocol", "")).upper().startswith("SASL"):
+        check_kafka_login(config, login_timeout)
+
+
+def check_kafka_login(config: Config, timeout: float = 15.0) -> None:
+    """Log in with ``kafka.client`` (a metadata request of librdkafka's admin client) and raise a ConfigError
+    naming the user and the mechanism when a broker refuses the credentials: otherwise a client only retries, and
+    the user sees a timeout. Any other failure (no answer in time) is left to the clients, as before."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    refused: list[str] = []
+
+    def on_error(error: KafkaError) -> None:
+        if error.code() == KafkaError._AUTHENTICATION:
+            refused.append(error.str())
+
+    # log_level 0: librdkafka's own log line of the refusal would only repeat the error raised here.
+    admin = AdminClient({**config.kafka_client_conf(), "error_cb": on_error, "log_level": 0})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=max(0.1, min(0.5, deadline - time.monotonic())))
+            return
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is not None and error.code() == KafkaError._AUTHENTICATION:
+                refused.append(error.str())
+        admin.poll(0)  # serves error_cb
+        if refused:
+            message = kafka_login_refused(config.kafka.client, config.kafka_bootstrap(), refused[0])
+            raise ConfigError(_scrub(message, _secret_values(dict(config.kafka.client), "kafka.client")))
+        if time.monotonic() >= deadline:
+            return
+
+
+def kafka_login_refused(client: Mapping[str, str], bootstrap: str, reason: str) -> str:
+    """What a refused Kafka login tells the user: who, how, where, what to check (never the password)."""
+    user = client.get("sasl.username") or "(no sasl.username)"
+    mechanism = str(client.get("sasl.mechanism") or "GSSAPI").upper()  # librdkafka's default mechanism
+    return (
+        f"Kafka refused the credentials of user {user} (SASL {mechanism} authentication failed at {bootstrap}): "
+        f"check sasl.username and sasl.password of kafka.client (KDQ_KAFKA__CLIENT). The client said: {reason}"
+    )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from kdq.config import Config
+from kdq.config import Config, redact_text
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +85,14 @@ class InfluxSink:
                 self._send(body)
                 return
             except Exception as exc:
+                # influxdb.url may carry user:password@: quoted without it (task logs, job reports).
                 if attempt == attempts:
-                    raise InfluxWriteError(f"InfluxDB at {self.url} rejected or missed a write after {attempts} attempts: {exc}") from exc
+                    raise InfluxWriteError(
+                        redact_text(f"InfluxDB at {self.url} rejected or missed a write after {attempts} attempts: {exc}")
+                    ) from exc
                 delay = min(0.5 * 2 ** (attempt - 1), 8.0)
-                log.warning("InfluxDB write failed (attempt %d/%d): %s; retrying in %.1fs", attempt, attempts, exc, delay)
+                log.warning("InfluxDB write failed (attempt %d/%d): %s; retrying in %.1fs", attempt, attempts,
+                            redact_text(str(exc)), delay)
                 time.sleep(delay)
 
     def _send(self, body: str) -> None:

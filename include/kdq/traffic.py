@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kdq.config import Config
+from kdq.config import Config, check_kafka_reachable
 from kdq.stack.procs import ManagedProcess
 
 log = logging.getLogger("kdq.demo")
@@ -413,6 +413,7 @@ def run_demo(
     from confluent_kafka import Producer
 
     stop = stop or threading.Event()
+    check_kafka_reachable(config)  # a clear error for an unreachable broker or refused credentials, not a timeout
     partitions = ensure_topics(config, spec)
     generator = TrafficGenerator(spec, partitions)
     stats = DemoStats()

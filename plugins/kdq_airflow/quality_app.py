@@ -70,12 +70,13 @@ async def _user(request: Request) -> Any | None:
 
 
 def _session(url: str) -> Any:
-    from pyspark.sql import SparkSession
+    from kdq.sql_client import connect_session
 
     with _sessions_lock:
         session = _sessions.get(url)
         if session is None:
-            session = _sessions[url] = SparkSession.builder.remote(url).create()
+            # Logged in with KDQ_SQL_PASSWORD from this process's environment, when the endpoint requires it.
+            session = _sessions[url] = connect_session(url)
         return session
 
 

@@ -85,7 +85,7 @@ def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, i
 
 def _metrics_messages(config: Config, timeout: float) -> list[tuple[dict, bytes]]:
     """(key, value) of every message on the metrics topic up to its current end, in offset order per partition."""
-    consumer = Consumer({"bootstrap.servers": config.kafka_bootstrap(), "group.id": f"t-{uuid.uuid4().hex}"})
+    consumer = Consumer({**config.kafka_client_conf(), "group.id": f"t-{uuid.uuid4().hex}"})  # with kafka.client's login
     topic = config.kafka.metrics_topic
     try:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]

@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -30,10 +31,11 @@ BEELINE = PROJECT_ROOT / ".venv" / "bin" / "beeline"
 # pyspark's launch scripts find SPARK_HOME through the first python3 on PATH: the venv's.
 CHILD_ENV = {"PATH": f"{PROJECT_ROOT / '.venv' / 'bin'}:/usr/bin:/bin"}
 
+# kdq's client: logged in with KDQ_SQL_PASSWORD from its environment when the test passes one.
 CONNECT_QUERY = """
 import json, sys
-from pyspark.sql import SparkSession
-spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+from kdq.sql_client import connect_builder
+spark = connect_builder(sys.argv[1]).getOrCreate()
 rows = spark.sql(sys.argv[2]).collect()
 print(json.dumps([list(r) for r in rows]))
 spark.stop()
@@ -59,9 +61,18 @@ def endpoint(spark, spark_config: Config, spark_data_dir) -> Iterator[LocalSqlEn
         assert not endpoint.process.running()
 
 
-def _connect(url: str, query: str) -> list[list]:
-    done = subprocess.run([sys.executable, "-c", CONNECT_QUERY, url, query], capture_output=True, text=True,
-                          timeout=180, cwd=PROJECT_ROOT)
+def _client_env(password: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KDQ_SQL_PASSWORD", "SPARK_CONNECT_AUTHENTICATE_TOKEN")}
+    return {**env, "KDQ_SQL_PASSWORD": password} if password is not None else env
+
+
+def _run_connect(url: str, query: str, password: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CONNECT_QUERY, url, query], capture_output=True, text=True,
+                          timeout=180, cwd=PROJECT_ROOT, env=_client_env(password))
+
+
+def _connect(url: str, query: str, password: str | None = None) -> list[list]:
+    done = _run_connect(url, query, password)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -123,26 +134,62 @@ def test_counts_over_spark_connect_jdbc_and_kdq_sql(spark, endpoint: LocalSqlEnd
     assert cells == [["status", "n"], ["invalid", "2"], ["valid", "6"]]
 
 
-@pytest.fixture
-def password_endpoint(spark, spark_config: Config, spark_data_dir) -> Iterator[tuple[LocalSqlEndpoint, str]]:
-    """The endpoint as a container runs it: `kdq sql-endpoint` in the foreground (the compose deployment's
-    command), with KDQ_SQL_PASSWORD in its environment; SIGTERM stops it, in ``finally``."""
+@dataclass(frozen=True)
+class SecuredEndpoint:
+    """The endpoint as the compose deployment runs it: its ports, its password, and what a JDBC client needs to
+    trust its TLS certificate."""
+
+    endpoint: LocalSqlEndpoint
+    password: str
+    truststore: Path
+    truststore_password: str
+    keystore_password: str
+    log: Path
+
+    @property
+    def connect_url(self) -> str:
+        return self.endpoint.connect_url
+
+    @property
+    def plaintext_jdbc_url(self) -> str:
+        return self.endpoint.jdbc_url
+
+    @property
+    def jdbc_url(self) -> str:
+        return f"{self.endpoint.jdbc_url};ssl=true;sslTrustStore={self.truststore};trustStorePassword={self.truststore_password}"
+
+
+@pytest.fixture(scope="module")
+def secured_endpoint(spark, spark_config: Config, spark_data_dir) -> Iterator[SecuredEndpoint]:
+    """The endpoint started exactly as the compose service starts it: `kdq sql-endpoint --host 0.0.0.0 ...
+    --self-signed-tls` in the foreground, with KDQ_SQL_PASSWORD and a keystore path that does not exist yet (so it
+    creates a self-signed one, as on a compose deployment's first start) in its environment. Clients trust the
+    certificate it writes beside the keystore. SIGTERM stops it, in ``finally``."""
     config = write_config_file(spark_config, spark_data_dir / "kdq-sql-password.toml")
     endpoint = LocalSqlEndpoint(config, quiet_port(), quiet_port())
-    password = f"pw-{uuid.uuid4().hex}"
-    env = {**os.environ, **CHILD_ENV, "KDQ_CONFIG": config.source, "KDQ_SQL_PASSWORD": password}
+    tls = spark_data_dir / f"tls-{uuid.uuid4().hex[:8]}"
+    keystore, password, keystore_password = tls / "kdq-sql.p12", f"pw-{uuid.uuid4().hex}", f"ks-{uuid.uuid4().hex}"
+    env = {**_client_env(None), **CHILD_ENV, "KDQ_CONFIG": config.source, "KDQ_SQL_PASSWORD": password,
+           "KDQ_SQL_TLS_KEYSTORE": str(keystore), "KDQ_SQL_TLS_KEYSTORE_PASSWORD": keystore_password}
     env.pop("KDQ_SQL_USER", None)
-    command = [str(PROJECT_ROOT / ".venv" / "bin" / "kdq"), "sql-endpoint", "--host", "127.0.0.1",
-               "--connect-port", str(endpoint.connect_port), "--thrift-port", str(endpoint.thrift_port)]
-    log = open(spark_data_dir / "kdq-sql-endpoint-foreground.log", "wb")
+    command = [str(PROJECT_ROOT / ".venv" / "bin" / "kdq"), "sql-endpoint", "--host", "0.0.0.0",
+               "--connect-port", str(endpoint.connect_port), "--thrift-port", str(endpoint.thrift_port),
+               "--self-signed-tls", "--tls-name", "sql-endpoint", "--tls-name", "localhost"]
+    log_path = spark_data_dir / f"kdq-sql-endpoint-foreground-{uuid.uuid4().hex[:8]}.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
     try:
         deadline = time.monotonic() + 300
         while not (port_open(endpoint.connect_port) and port_open(endpoint.thrift_port)):
-            assert proc.poll() is None, (spark_data_dir / "kdq-sql-endpoint-foreground.log").read_text()[-3000:]
+            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, "kdq sql-endpoint did not open its ports within 300 s"
             time.sleep(1)
-        yield endpoint, password
+        # What a JDBC client does with the certificate the endpoint wrote: a trust store of it.
+        truststore, truststore_password = tls / "client-truststore.p12", f"ts-{uuid.uuid4().hex[:8]}"
+        subprocess.run(["keytool", "-importcert", "-noprompt", "-alias", "kdq-sql", "-file", f"{keystore}.crt",
+                        "-keystore", str(truststore), "-storetype", "PKCS12", "-storepass", truststore_password],
+                       check=True, capture_output=True, timeout=120)
+        yield SecuredEndpoint(endpoint, password, truststore, truststore_password, keystore_password, log_path)
     finally:
         family = [proc.pid]
         try:
@@ -169,19 +216,50 @@ def password_endpoint(spark, spark_config: Config, spark_data_dir) -> Iterator[t
         assert not alive, f"processes left after SIGTERM of kdq sql-endpoint: {[p.pid for p in alive]}"
 
 
-def test_thrift_server_requires_the_password_when_one_is_set(password_endpoint) -> None:
-    """The compose deployment's setting: with KDQ_SQL_PASSWORD, JDBC clients must log in as KDQ_SQL_USER
-    (default kdq) with that password (io.kdq.spark.SqlPasswordAuthenticator); the endpoint runs the way
-    the compose service runs it (`kdq sql-endpoint` in the foreground) and stops on SIGTERM."""
-    endpoint, password = password_endpoint
+def test_both_protocols_require_the_password_and_jdbc_speaks_tls(secured_endpoint: SecuredEndpoint) -> None:
+    """Issue 26, the compose deployment's settings: JDBC clients log in as KDQ_SQL_USER (default kdq) with
+    KDQ_SQL_PASSWORD (io.kdq.spark.SqlPasswordAuthenticator) over TLS only; Spark Connect clients present the same
+    password as their bearer token (Spark's PreSharedKeyAuthenticationInterceptor); nothing is answered to a wrong
+    or missing password, or to a plaintext JDBC client."""
+    secured, password = secured_endpoint, secured_endpoint.password
     query = "SELECT count(*) AS n FROM kdq.window_counts"
-    rows = _beeline(endpoint.jdbc_url, query, password=password)
+    rows = _beeline(secured.jdbc_url, query, password=password)
     assert len(rows) == 1 and int(rows[0]["n"]) >= 0
     for user, wrong in (("kdq", "wrong"), ("kdq", None), ("someone", password)):
-        refused = _run_beeline(endpoint.jdbc_url, query, user=user, password=wrong)
+        refused = _run_beeline(secured.jdbc_url, query, user=user, password=wrong)
         output = refused.stdout + refused.stderr
         assert refused.returncode != 0 and "Error" in output, (user, wrong, output[-2000:])
         assert "n\n" not in refused.stdout  # no result header: nothing was answered
+    # The right password in the clear, to the TLS port: the handshake fails, nothing is answered.
+    plaintext = _run_beeline(secured.plaintext_jdbc_url, query, password=password)
+    assert plaintext.returncode != 0 and "n\n" not in plaintext.stdout, plaintext.stdout[-2000:]
+    assert "Could not open client transport" in plaintext.stdout + plaintext.stderr, plaintext.stderr[-2000:]
+
+    # No client reads the server's settings: ${key} is not substituted, SET output is redacted.
+    leaks = _beeline(secured.jdbc_url, "SELECT '${hive.server2.keystore.password}' AS v", password=password)
+    assert leaks == [{"v": "${hive.server2.keystore.password}"}]
+    listed = _run_beeline(secured.jdbc_url, "SET hive.server2.keystore.password", password=password)
+    assert secured.keystore_password not in listed.stdout + listed.stderr
+    # Settings in the JDBC URL (applied by the Thrift server when it opens the session, without a SET): refused.
+    url_setting = _run_beeline(f"{secured.jdbc_url}?spark.sql.catalog.probe=org.example.Probe", query, password=password)
+    assert url_setting.returncode != 0 and "n\n" not in url_setting.stdout
+    assert ("kdq SQL endpoint is read-only: the setting spark.sql.catalog.probe of this session"
+            in url_setting.stdout + url_setting.stderr), url_setting.stdout[-2000:]
+
+    assert _connect(secured.connect_url, query, password=password)[0][0] >= 0
+    for wrong in (None, "wrong"):
+        refused = _run_connect(secured.connect_url, query, password=wrong)
+        assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr, (wrong, refused.stderr[-2000:])
+    # The endpoint said how it is protected, and no password is on its command line or in its log.
+    said = secured.log.read_text(errors="replace")
+    assert "(password required on both, Thrift over TLS)" in said and "created a self-signed keystore" in said
+    assert password not in said and secured.keystore_password not in said
+    endpoint_processes = [p for p in psutil.process_iter(["cmdline"])
+                          if f"spark.kdq.sqlEndpoint.dataDir={secured.endpoint.config.data_dir}" in " ".join(p.info["cmdline"] or [])]
+    assert endpoint_processes
+    for process in endpoint_processes:
+        command_line = " ".join(process.info["cmdline"])
+        assert password not in command_line and secured.keystore_password not in command_line
 
 
 # Each statement a client must not run, over JDBC and over Spark Connect's SQL; a refusal names what it refused.
@@ -213,9 +291,9 @@ REFUSAL = "kdq SQL endpoint is read-only: "
 
 CONNECT_CHECKS = """
 import json, os, sys, tempfile
-from pyspark.sql import SparkSession
-from pyspark.sql.functions import udf
-spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+from pyspark.sql.connect.functions import udf  # a Connect session made by a builder, not by .remote(url)
+from kdq.sql_client import connect_builder
+spark = connect_builder(sys.argv[1]).getOrCreate()
 statements, allowed, topic = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 def outcome(action):
     try:
@@ -252,7 +330,7 @@ spark.stop()
 """
 
 
-def _beeline_each(url: str, statements: list[str], folder: Path) -> dict[str, str]:
+def _beeline_each(url: str, statements: list[str], folder: Path, password: str | None = None) -> dict[str, str]:
     """Every statement in one beeline session (one JVM: a beeline start costs seconds on the loaded machine), each
     after a marker query, errors not stopping it (a script file with --force); the output (stdout and stderr in
     order) of each statement."""
@@ -261,7 +339,8 @@ def _beeline_each(url: str, statements: list[str], folder: Path) -> dict[str, st
     script.write_text("".join(f"SELECT 'kdq-marker-{i}' AS m;\n{statement};\n" for i, statement in enumerate(statements))
                       + f"SELECT 'kdq-marker-{len(statements)}' AS m;\n")
     done = subprocess.run(
-        [str(BEELINE), "-u", url, "-n", "kdq", "--silent=true", "--outputformat=csv2", "--force=true", "-f", str(script)],
+        [str(BEELINE), "-u", url, "-n", "kdq", *(["-p", password] if password is not None else []), "--silent=true",
+         "--outputformat=csv2", "--force=true", "-f", str(script)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, cwd=PROJECT_ROOT, env=CHILD_ENV,
     )
     output, outputs = done.stdout, {}
@@ -281,12 +360,15 @@ def _window_counts_state(spark) -> tuple[int, int]:
     return rows, version
 
 
-def test_the_endpoint_is_read_only_over_jdbc_and_spark_connect(spark, endpoint: LocalSqlEndpoint) -> None:
+def test_the_endpoint_is_read_only_over_jdbc_and_spark_connect(spark, secured_endpoint: SecuredEndpoint) -> None:
     """Issue 26: every statement that writes, changes state or runs code is refused over both protocols with a
     message naming it (io.kdq.spark.ReadOnlyExtension's check rule; Spark Connect's other requests by
     io.kdq.spark.ReadOnlyConnectInterceptor), and the tables are unchanged afterwards; reads keep working,
-    including of a commit made after the endpoint started (Delta's log replay passes the rule)."""
+    including of a commit made after the endpoint started (Delta's log replay passes the rule). On the endpoint as
+    the compose deployment runs it, logged in with the right password (JDBC over TLS)."""
     from kdq.spark.writers import merge_window_increments
+
+    endpoint, password = secured_endpoint.endpoint, secured_endpoint.password
 
     topic = f"ro-{uuid.uuid4().hex[:8]}"
     rows = [{"topic": topic, "window_start_ms": W0, "status": "valid", "count": 3, "rules_version": "r1"},
@@ -298,7 +380,7 @@ def test_the_endpoint_is_read_only_over_jdbc_and_spark_connect(spark, endpoint: 
     done = subprocess.run(
         [sys.executable, "-c", CONNECT_CHECKS, endpoint.connect_url, json.dumps(statements), json.dumps(ALLOWED_SQL),
          topic],
-        capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT,
+        capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT, env=_client_env(password),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     connect = json.loads(done.stdout.strip().splitlines()[-1])
@@ -326,7 +408,8 @@ def test_the_endpoint_is_read_only_over_jdbc_and_spark_connect(spark, endpoint: 
         assert expected in result["error"], (action, result)
 
     count = f"SELECT count(*) AS kdq_rows FROM kdq.window_counts WHERE topic = '{topic}'"
-    jdbc = _beeline_each(endpoint.jdbc_url, [*statements, *ALLOWED_SQL, count], endpoint.home)
+    endpoint.home.mkdir(parents=True, exist_ok=True)
+    jdbc = _beeline_each(secured_endpoint.jdbc_url, [*statements, *ALLOWED_SQL, count], endpoint.home, password)
     for statement, expected in REFUSED_SQL.items():
         assert REFUSAL in jdbc[statement] and expected in jdbc[statement], (statement, jdbc[statement][-1500:])
     for statement in ALLOWED_SQL:
@@ -338,4 +421,4 @@ def test_the_endpoint_is_read_only_over_jdbc_and_spark_connect(spark, endpoint: 
     assert _window_counts_state(spark) == before
     assert not spark.catalog.tableExists("kdq.probe")
     # The endpoint's log names each refusal (for whoever runs it).
-    assert "refused: kdq SQL endpoint is read-only: DropTable" in endpoint.process.log_file.read_text(errors="replace")
+    assert "refused: kdq SQL endpoint is read-only: DropTable" in secured_endpoint.log.read_text(errors="replace")

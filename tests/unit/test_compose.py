@@ -64,6 +64,7 @@ SECRETS = {
     "GRAFANA_ADMIN_PASSWORD": "test-grafana-admin",
     "GRAFANA_SECRET_KEY": "test-grafana-key",
     "KDQ_SQL_PASSWORD": "test-sql-password",
+    "KDQ_SQL_TLS_KEYSTORE_PASSWORD": "test-sql-keystore",
 }
 # Optional variables (harmless defaults in the file).
 OPTIONAL_VARIABLES = (
@@ -87,6 +88,8 @@ OPTIONAL_VARIABLES = (
 AWS_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 # kdq settings that carry a secret, in the environment of the container running kdq's jobs only (the scheduler).
 JOB_SETTINGS = ("KDQ_KAFKA__CLIENT", "KDQ_SPARK__CONF", "KDQ_INFLUXDB__TOKEN")
+# The SQL endpoint's login, held by the API server only (the data-quality page queries through it).
+PAGE_SETTINGS = ("KDQ_SQL_PASSWORD",)
 AIRFLOW_CORE_SECRETS = {"AIRFLOW_API_SECRET_KEY", "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET", "KDQ_POSTGRES_PASSWORD"}
 # Issue 26: the secrets each service may receive, and nothing more. Airflow's components hold Airflow's own; the
 # scheduler also the ones kdq's jobs use (Kafka, the Spark cluster, InfluxDB, S3); the SQL endpoint only its login
@@ -97,13 +100,14 @@ ALLOWED_SECRETS = {
     **{worker: {"KDQ_SPARK_AUTH_SECRET", *AWS_CREDENTIALS} for worker in SPARK_WORKERS},
     "postgres": {"KDQ_POSTGRES_PASSWORD"},
     "airflow-init": AIRFLOW_CORE_SECRETS | {"_AIRFLOW_WWW_USER_PASSWORD"},
-    "airflow-apiserver": AIRFLOW_CORE_SECRETS,
+    # The data-quality page logs in to the SQL endpoint's Spark Connect.
+    "airflow-apiserver": AIRFLOW_CORE_SECRETS | {"KDQ_SQL_PASSWORD"},
     "airflow-dag-processor": AIRFLOW_CORE_SECRETS,
     "airflow-triggerer": AIRFLOW_CORE_SECRETS,
     "airflow-scheduler": AIRFLOW_CORE_SECRETS | {"KDQ_KAFKA_PASSWORD", "KDQ_SPARK_AUTH_SECRET", "KDQ_INFLUXDB_TOKEN", *AWS_CREDENTIALS},
     "influxdb": {"KDQ_INFLUXDB_PASSWORD", "KDQ_INFLUXDB_TOKEN"},
     "grafana": {"GRAFANA_ADMIN_PASSWORD", "GRAFANA_SECRET_KEY", "KDQ_INFLUXDB_TOKEN"},
-    "sql-endpoint": {"KDQ_SQL_PASSWORD", *AWS_CREDENTIALS},
+    "sql-endpoint": {"KDQ_SQL_PASSWORD", "KDQ_SQL_TLS_KEYSTORE_PASSWORD", *AWS_CREDENTIALS},
 }
 # Unset in the test's process environment, so only the env file below counts.
 COMPOSE_VARIABLES = (*SECRETS, *OPTIONAL_VARIABLES, *AWS_CREDENTIALS)
@@ -564,9 +568,10 @@ def test_airflow_mounts_project(compose: dict[str, Any]) -> None:
 def test_kdq_settings_point_at_the_services(compose: dict[str, Any]) -> None:
     services = compose["services"]
     envs = [_env(services[name]) for name in AIRFLOW_SERVICES]
-    # The scheduler alone runs kdq's jobs, so it alone holds their secret-bearing settings (JOB_SETTINGS); on the
-    # others every Airflow service agrees.
-    kdq_envs = [{k: v for k, v in env.items() if k.startswith("KDQ_") and k not in JOB_SETTINGS} for env in envs]
+    # The scheduler alone runs kdq's jobs, so it alone holds their secret-bearing settings (JOB_SETTINGS), the API
+    # server alone the SQL endpoint's login (PAGE_SETTINGS); on the others every Airflow service agrees.
+    kdq_envs = [{k: v for k, v in env.items() if k.startswith("KDQ_") and k not in (*JOB_SETTINGS, *PAGE_SETTINGS)}
+                for env in envs]
     assert all(e == kdq_envs[0] for e in kdq_envs), "Airflow services disagree on KDQ_* settings"
     env = _env(services["airflow-scheduler"])
     assert set(JOB_SETTINGS) <= set(env)
@@ -774,6 +779,43 @@ def test_kafka_listeners_require_sasl(compose: dict[str, Any], node: str) -> Non
     for name in ("KDQ_KAFKA_USERNAME", "KDQ_KAFKA_PASSWORD", "KDQ_KAFKA_ADMIN_USERNAME", "KDQ_KAFKA_ADMIN_PASSWORD"):
         assert env[name], name
     assert env["KDQ_KAFKA_PASSWORD"] == SECRETS["KDQ_KAFKA_PASSWORD"]
+
+
+def test_local_sasl_broker_mirrors_the_compose_listeners(compose: dict[str, Any]) -> None:
+    """kdq.stack.kafka's SASL option (tests/integration/test_kafka_sasl.py) writes the compose nodes' SASL
+    settings: the same mechanisms per listener, the same JAAS lines (users and passwords substituted), the
+    inter-broker listener INTERNAL; only the EXTERNAL listener (the Docker host's port) has no local twin."""
+    from kdq.stack.kafka import KafkaSasl, LocalKafka
+    from tests.conftest import make_config
+
+    env = _kafka_env(compose, "kafka-1")
+    compose_props = _broker_properties(env)
+    sasl = KafkaSasl(
+        users={env["KDQ_KAFKA_USERNAME"]: SECRETS["KDQ_KAFKA_PASSWORD"]},
+        admin=env["KDQ_KAFKA_ADMIN_USERNAME"],
+        admin_password=SECRETS["KDQ_KAFKA_ADMIN_PASSWORD"],
+        controller_password=SECRETS["KDQ_KAFKA_CONTROLLER_PASSWORD"],
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        kafka = LocalKafka(make_config(Path(folder)), 1, 2, sasl=sasl)
+        local = kafka.server_properties(kafka.nodes[0])
+    sasl_keys = {k for k in compose_props if k.startswith(("sasl.", "listener.name."))} - {
+        "listener.name.external.scram-sha-512.sasl.jaas.config"
+    }
+    assert sasl_keys == {k for k in local if k.startswith(("sasl.", "listener.name."))}
+    for key in sasl_keys | {"inter.broker.listener.name", "controller.listener.names"}:
+        assert " ".join(local[key].split()) == " ".join(compose_props[key].split()), key
+    protocols = dict(item.split(":") for item in local["listener.security.protocol.map"].split(","))
+    assert protocols == {"INTERNAL": "SASL_PLAINTEXT", "CONTROLLER": "SASL_PLAINTEXT"}
+    assert local["listeners"] == "INTERNAL://127.0.0.1:1,CONTROLLER://127.0.0.1:2"
+    assert local["advertised.listeners"] == "INTERNAL://127.0.0.1:1"
+    # The users start.sh creates at format time.
+    assert sasl.format_arguments() == [
+        f"--add-scram=SCRAM-SHA-512=[name={env['KDQ_KAFKA_ADMIN_USERNAME']},password={SECRETS['KDQ_KAFKA_ADMIN_PASSWORD']}]",
+        f"--add-scram=SCRAM-SHA-512=[name={env['KDQ_KAFKA_USERNAME']},password={SECRETS['KDQ_KAFKA_PASSWORD']}]",
+    ]
+    # The kdq user's client settings are the compose file's KDQ_KAFKA__CLIENT.
+    assert sasl.client(env["KDQ_KAFKA_USERNAME"]) == _kdq_config(compose).kafka.client
 
 
 def test_kdq_kafka_clients_authenticate_as_the_kdq_user(compose: dict[str, Any]) -> None:

@@ -74,12 +74,15 @@ def serve(
     connect_port: int,
     thrift_port: int = 0,
     stop: threading.Event | None = None,
+    keystore_password: str | None = None,
 ) -> EndpointReport:
     """Start the servers on the session (its tables registered), block until ``stop`` or SIGTERM.
 
     The ports are the session's (``spark.connect.grpc.binding.port``, ``hive.server2.thrift.port``, set
     by :mod:`kdq.stack.sql_endpoint`); ``host``/``connect_port``/``thrift_port`` name them in the log, and a
-    ``thrift_port`` of 0 means no Thrift server."""
+    ``thrift_port`` of 0 means no Thrift server. ``keystore_password``: the password of the Thrift server's TLS
+    keystore (``hive.server2.keystore.path`` on the command line), set on the session's Hadoop conf only here, in
+    the running JVM, so that it is on no command line and in no Spark UI page."""
     stop = stop or threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -88,6 +91,9 @@ def serve(
     log.info("%s", make_read_only(spark))
     thrift = None
     if thrift_port:
+        if keystore_password:
+            # HiveServer2 reads its settings from a copy of this conf made when it starts (startWithContext).
+            spark.sparkContext._jsc.hadoopConfiguration().set("hive.server2.keystore.password", keystore_password)
         thrift = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
             spark._jsparkSession.sqlContext()
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import sys
 import zipfile
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdq import storage
+from kdq.config import SECRET_KEY as CONFIG_SECRET_KEY
 from kdq.config import Config, ConfigError
 from kdq.spark.session import spark_conf
 
@@ -60,10 +60,12 @@ def cores_max(config: Config, job: str) -> int:
     return {"stream_counts": config.spark.stream_cores_max, "sql_endpoint": config.spark.sql_endpoint_cores_max}.get(job, 0)
 
 
-# Spark's own default of spark.redaction.regex: the values of these keys are secrets (S3 keys, passwords,
-# tokens). They go to spark-submit in a properties file only this user can read, never as --conf arguments,
-# which every user of the machine sees in the process list for as long as the application runs.
-SECRET_KEY = re.compile(r"(?i)secret|password|token|access[.]?key")
+# The keys whose values are secrets (S3 keys, passwords, tokens, Azure account keys, private keys): Spark's own
+# default of spark.redaction.regex and what Hadoop and the Kafka clients treat as secret (kdq.config.SECRET_KEY,
+# also what configuration errors never show). They go to spark-submit in a properties file only this user can read,
+# never as --conf arguments, which every user of the machine sees in the process list for as long as the
+# application runs, and which Airflow's SparkSubmitHook logs masking only *secret*/*password* keys.
+SECRET_KEY = CONFIG_SECRET_KEY
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,23 @@ replication factor 3 and ``min.insync.replicas`` 2, so one broker can die withou
 record or blocking a producer with ``acks=all``).
 
 Node 1 keeps the single broker's folder (``<data_dir>/kafka``) and ports; nodes 2.. live in
-``<data_dir>/kafka-<n>``. Every node is a ManagedProcess of its own, so a test can kill and restart one."""
+``<data_dir>/kafka-<n>``. Every node is a ManagedProcess of its own, so a test can kill and restart one.
+
+With ``sasl`` (:class:`KafkaSasl`) every listener authenticates as docker-compose.yml's brokers do: the client
+and inter-broker listener ``INTERNAL`` is ``SASL_PLAINTEXT`` with SCRAM-SHA-512 (users created when the storage
+is formatted, ``--add-scram``: KRaft keeps SCRAM credentials in its metadata log), the controller listener
+``SASL_PLAINTEXT`` with SASL/PLAIN and a user of its own. Without it (the default) both are ``PLAINTEXT``."""
 
 from __future__ import annotations
 
 import base64
+import os
+import secrets
 import shutil
 import subprocess
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdq.config import Config
@@ -30,6 +37,72 @@ rootLogger.appenderRef.stdout.ref = STDOUT
 logger.server.name = kafka.server.KafkaRaftServer
 logger.server.level = INFO
 """
+
+
+SCRAM = "SCRAM-SHA-512"
+SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+
+
+@dataclass(frozen=True)
+class KafkaSasl:
+    """The local broker's users, as docker-compose.yml configures them (deploy/kafka/start.sh).
+
+    ``users``: SCRAM-SHA-512 users (name → password) created at format time, the ones clients log in as;
+    ``admin``: the brokers' own SCRAM user (inter-broker connections); ``controller_password``: SASL/PLAIN
+    password of user ``controller`` on the controller listener. Users are created when a node's storage is
+    formatted only: a node started before keeps the users it was formatted with."""
+
+    users: Mapping[str, str]
+    admin_password: str = field(default_factory=lambda: secrets.token_hex(32))
+    controller_password: str = field(default_factory=lambda: secrets.token_hex(32))
+    admin: str = "admin"
+
+    def __post_init__(self) -> None:
+        for name, password in self.scram_users().items():
+            # The --add-scram and JAAS syntaxes (start.sh refuses the same characters).
+            if not name or any(c in name + password for c in ',]"\\\n') or not password:
+                raise StackError(
+                    f"kafka SASL user {name!r}: names and passwords must be non-empty and free of , ] \" \\ "
+                    "and line breaks (generate passwords with `openssl rand -hex 32`)"
+                )
+        if any(c in self.controller_password for c in '"\\\n') or not self.controller_password:
+            raise StackError('kafka SASL controller password: must be non-empty and free of " \\ and line breaks')
+
+    def scram_users(self) -> dict[str, str]:
+        return {self.admin: self.admin_password, **self.users}
+
+    def client(self, user: str) -> dict[str, str]:
+        """``kafka.client`` settings (librdkafka's form, as KDQ_KAFKA__CLIENT in docker-compose.yml) of ``user``."""
+        return {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": SCRAM,
+            "sasl.username": user,
+            "sasl.password": self.scram_users()[user],
+        }
+
+    def listener_properties(self) -> dict[str, str]:
+        """The SASL part of server.properties (listeners ``INTERNAL`` and ``CONTROLLER``)."""
+        controller = self.controller_password
+        return {
+            "listener.security.protocol.map": "INTERNAL:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": SCRAM,
+            "sasl.mechanism.inter.broker.protocol": SCRAM,
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            # The server side (user_controller) and the node's own login to the controllers.
+            "listener.name.controller.plain.sasl.jaas.config": (
+                f'{PLAIN_MODULE} required username="controller" password="{controller}" user_controller="{controller}";'
+            ),
+            # The brokers' own login for inter-broker connections; clients are checked against the SCRAM users.
+            "listener.name.internal.scram-sha-512.sasl.jaas.config": (
+                f'{SCRAM_MODULE} required username="{self.admin}" password="{self.admin_password}";'
+            ),
+        }
+
+    def format_arguments(self) -> list[str]:
+        """``kafka-storage format`` options creating the SCRAM users."""
+        return [f"--add-scram={SCRAM}=[name={n},password={p}]" for n, p in self.scram_users().items()]
 
 
 @dataclass(frozen=True)
@@ -58,12 +131,20 @@ class KafkaNode:
 
 
 class LocalKafka:
-    """``extra_nodes``: (port, controller_port) of nodes 2.. ; none is the single-broker stack of old."""
+    """``extra_nodes``: (port, controller_port) of nodes 2.. ; none is the single-broker stack of old.
+    ``sasl``: authenticated listeners (:class:`KafkaSasl`); ``config.kafka.client`` then carries the login of
+    one of its users (:meth:`KafkaSasl.client`), which the health check and :meth:`create_topic` use."""
 
     def __init__(
-        self, config: Config, port: int, controller_port: int, extra_nodes: Sequence[tuple[int, int]] = ()
+        self,
+        config: Config,
+        port: int,
+        controller_port: int,
+        extra_nodes: Sequence[tuple[int, int]] = (),
+        sasl: KafkaSasl | None = None,
     ) -> None:
         self.config = config
+        self.sasl = sasl
         self.port = port
         self.controller_port = controller_port
         self.home = config.data_dir / "kafka"
@@ -103,7 +184,7 @@ class LocalKafka:
             raise StackError("java not found on PATH: install a Java 17 JRE (Debian: openjdk-17-jre-headless)")
         return java
 
-    def _write_config(self, node: KafkaNode) -> None:
+    def server_properties(self, node: KafkaNode) -> dict[str, str]:
         kafka = self.config.kafka
         max_bytes = kafka.max_message_bytes
         rf, isr = str(self.replication_factor), str(self.min_insync_replicas)
@@ -112,14 +193,15 @@ class LocalKafka:
         # and tests and demos replay old event times, so time retention is off;
         # the timestamp-skew limits are opened because rejecting a record with a
         # wrong clock is our job (future_timestamp), not the broker's.
+        listener = "INTERNAL" if self.sasl else "PLAINTEXT"
         props = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "listeners": f"{listener}://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{node.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": listener,
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(node.home / "data"),
             "num.partitions": str(kafka.local_partitions),
@@ -146,8 +228,18 @@ class LocalKafka:
         if len(self.nodes) > 1:
             # A restarted broker takes its partitions' leadership back soon (the test restarts one mid-stream).
             props["leader.imbalance.check.interval.seconds"] = "10"
+        if self.sasl:
+            props.update(self.sasl.listener_properties())
+        return props
+
+    def _write_config(self, node: KafkaNode) -> None:
         node.home.mkdir(parents=True, exist_ok=True)
-        node.properties.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        text = "".join(f"{k}={v}\n" for k, v in self.server_properties(node).items())
+        # Owner-only: with SASL the file holds the brokers' passwords.
+        fd = os.open(node.properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        node.properties.chmod(0o600)
         (node.home / "log4j2.properties").write_text(LOG4J2)
 
     def _command(self, node: KafkaNode, main: str, *args: str, heap: str = "768m") -> list[str]:
@@ -181,7 +273,7 @@ class LocalKafka:
             self._command(
                 # --opt=value: a cluster id may start with "-" and must not read as an option
                 node, "kafka.tools.StorageTool", "format", f"--cluster-id={self._cluster_id()}",
-                f"--config={node.properties}", heap="256m",
+                f"--config={node.properties}", *(self.sasl.format_arguments() if self.sasl else ()), heap="256m",
             ),
             capture_output=True,
             text=True,

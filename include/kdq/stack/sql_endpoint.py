@@ -8,19 +8,27 @@ so "port open" is the health check.
 
 from __future__ import annotations
 
+import ipaddress
 import os
-from collections.abc import Mapping
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from kdq.config import Config
 from kdq.stack.procs import ManagedProcess, StackError, port_open, wait_until
 
 # Loopback only: locally there is no authentication unless KDQ_SQL_PASSWORD is set (anyone on this
-# machine may read the counts, as they may read the Delta files). Each JDBC/Connect client gets its own session of the one driver
+# machine may read the counts, as they may read the Delta files); set, it is required on JDBC and Spark Connect. Each JDBC/Connect client gets its own session of the one driver
 # (singleSession false): SET and temporary views stay per client, tables and views are shared.
 ENDPOINT_CONF = {
     # HiveServer2 reads its settings from the Hadoop conf the session builds (spark.hadoop.*).
     "spark.hadoop.hive.server2.transport.mode": "binary",
     "spark.sql.hive.thriftServer.singleSession": "false",
+    # No ${key} substitution in client SQL: it would read any setting of a session, the server's own included (the
+    # Thrift server copies its HiveConf, TLS keystore password and all, into each session); the read-only rule
+    # refuses turning it back on.
+    "spark.sql.variable.substitute": "false",
 }
 
 # Set in the endpoint's environment, it turns on the Thrift server's password (user: KDQ_SQL_USER, read by
@@ -52,6 +60,91 @@ def read_only_conf(session_conf: Mapping[str, str]) -> dict[str, str]:
             session_conf.get("spark.connect.grpc.interceptor.classes", ""), READ_ONLY_INTERCEPTOR
         ),
     }
+
+
+# Spark Connect's pre-shared token (spark.connect.authenticate.token), read by the server from its environment so
+# the password is on no command line: the same password as the Thrift server's.
+CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+# TLS of the Thrift server: a keystore file (PKCS12 or JKS, e.g. from `keytool -genkeypair`) and its password.
+TLS_KEYSTORE_ENV = "KDQ_SQL_TLS_KEYSTORE"
+TLS_KEYSTORE_PASSWORD_ENV = "KDQ_SQL_TLS_KEYSTORE_PASSWORD"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class EndpointSecurityError(ValueError):
+    """The endpoint's security settings do not fit where it listens (raised before anything starts)."""
+
+
+def security_check(env: Mapping[str, str], bind_host: str) -> None:
+    """Refuse settings that would open the endpoint wider than meant: beyond loopback both protocols need the
+    password and the Thrift server TLS; a keystore must exist and come with its password. The message names the
+    variable and the problem, never a value."""
+    keystore = env.get(TLS_KEYSTORE_ENV, "")
+    if keystore:
+        if not Path(keystore).is_file():
+            raise EndpointSecurityError(f"{TLS_KEYSTORE_ENV}: no such keystore file: {keystore}")
+        if not env.get(TLS_KEYSTORE_PASSWORD_ENV):
+            raise EndpointSecurityError(f"{TLS_KEYSTORE_ENV} is set but {TLS_KEYSTORE_PASSWORD_ENV} is not")
+    if bind_host not in LOOPBACK_HOSTS:
+        missing = [name for name in (PASSWORD_ENV, TLS_KEYSTORE_ENV) if not env.get(name)]
+        if missing:
+            raise EndpointSecurityError(
+                f"the SQL endpoint listens on {bind_host}, beyond loopback: set {' and '.join(missing)} "
+                f"(clients log in with {PASSWORD_ENV} on JDBC and Spark Connect; the Thrift port speaks TLS with the "
+                f"keystore {TLS_KEYSTORE_ENV}), or listen on 127.0.0.1"
+            )
+
+
+def endpoint_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What the endpoint's process gets in its environment besides kdq's child env: Spark Connect's token."""
+    return {CONNECT_TOKEN_ENV: env[PASSWORD_ENV]} if env.get(PASSWORD_ENV) else {}
+
+
+def thrift_tls_conf(env: Mapping[str, str]) -> dict[str, str]:
+    """HiveServer2's TLS on the Thrift port when ``KDQ_SQL_TLS_KEYSTORE`` is set: a client must connect with
+    ``ssl=true`` (and trust the certificate); a plaintext client is refused. The keystore's password is not here
+    (the job sets it on the running session: kdq.spark.sql_server.serve), so it is on no command line."""
+    if not env.get(TLS_KEYSTORE_ENV):
+        return {}
+    return {
+        "spark.hadoop.hive.server2.use.SSL": "true",
+        "spark.hadoop.hive.server2.keystore.path": str(Path(env[TLS_KEYSTORE_ENV]).resolve()),
+    }
+
+
+def self_signed_keystore(keystore: Path, password: str, names: Sequence[str]) -> bool:
+    """Create ``keystore`` (PKCS12) with a new RSA key and a self-signed certificate for ``names`` (host names and
+    IP addresses, its subject alternative names) unless it exists, and the certificate in PEM beside it
+    (``<keystore>.crt``: what clients import into their trust store). JDK's keytool; the password goes through
+    its environment, not its command line. Returns whether it created the keystore."""
+    if keystore.exists():
+        return False
+    keytool = shutil.which("keytool") or str(Path(os.environ.get("JAVA_HOME", "/usr")) / "bin" / "keytool")
+    if not Path(keytool).exists():
+        raise EndpointSecurityError("keytool (the JDK's) is not on PATH nor in $JAVA_HOME/bin: cannot create a keystore")
+    keystore.parent.mkdir(parents=True, exist_ok=True)
+    san = ",".join(f"ip:{name}" if _is_ip(name) else f"dns:{name}" for name in dict.fromkeys(names))
+    env = {**os.environ, "KDQ_KEYTOOL_STOREPASS": password}
+    store = ["-keystore", str(keystore), "-storetype", "PKCS12", "-storepass:env", "KDQ_KEYTOOL_STOREPASS"]
+    for args in (
+        ["-genkeypair", "-alias", "kdq-sql", "-keyalg", "RSA", "-keysize", "3072", "-validity", "825",
+         "-dname", "CN=kdq-sql-endpoint", "-ext", f"SAN={san}", *store],
+        ["-exportcert", "-rfc", "-alias", "kdq-sql", "-file", f"{keystore}.crt", *store],
+    ):
+        done = subprocess.run([keytool, *args], env=env, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            keystore.unlink(missing_ok=True)
+            raise EndpointSecurityError(f"keytool {args[0]} failed: {(done.stderr or done.stdout).strip()[-500:]}")
+    keystore.chmod(0o600)
+    return True
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def thrift_auth_conf(env: Mapping[str, str], driver_java_options: str = "") -> dict[str, str]:
@@ -116,6 +209,7 @@ class LocalSqlEndpoint:
             "spark.connect.grpc.binding.address": self.bind_host,
             "spark.hadoop.hive.server2.thrift.bind.host": self.bind_host,
             **thrift_auth_conf(os.environ, session_conf.get("spark.driver.extraJavaOptions", "")),
+            **thrift_tls_conf(os.environ),
             "spark.connect.grpc.binding.port": str(self.connect_port),
             "spark.hadoop.hive.server2.thrift.port": str(self.thrift_port),
             "spark.kdq.sqlEndpoint.dataDir": str(self.config.data_dir),
@@ -147,11 +241,16 @@ class LocalSqlEndpoint:
         from kdq.stream_process import child_env
 
         if not self.process.running():
+            try:
+                security_check(os.environ, self.bind_host)
+            except EndpointSecurityError as exc:
+                raise StackError(f"sql-endpoint: {exc}") from None
             for port in (self.connect_port, self.thrift_port):
                 if port_open(port):
                     raise StackError(f"sql-endpoint: port {port} is already in use by another program")
             self.home.mkdir(parents=True, exist_ok=True)
-            self.process.start(self.command(), env=child_env(self.config), cwd=self.config.base_dir)
+            self.process.start(self.command(), env={**child_env(self.config), **endpoint_env(os.environ)},
+                               cwd=self.config.base_dir)
         if wait:
             self.wait(timeout)
 

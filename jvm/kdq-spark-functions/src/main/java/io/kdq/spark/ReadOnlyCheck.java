@@ -20,6 +20,7 @@ import org.apache.spark.sql.catalyst.plans.logical.Command;
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
 import org.apache.spark.sql.catalyst.plans.logical.ParsedStatement;
 import org.apache.spark.sql.catalyst.plans.logical.ScriptTransformation;
+import org.apache.spark.sql.classic.SparkSession;
 import org.apache.spark.sql.execution.aggregate.ScalaAggregator;
 import org.apache.spark.sql.execution.aggregate.ScalaUDAF;
 import org.apache.spark.sql.execution.command.CreateViewCommand;
@@ -44,7 +45,6 @@ import scala.runtime.BoxedUnit;
  * judged alike, and the plans Delta runs for a read (its log replay) are judged too and pass.
  */
 final class ReadOnlyCheck implements Function1<LogicalPlan, BoxedUnit> {
-  static final ReadOnlyCheck INSTANCE = new ReadOnlyCheck();
   private static final Logger LOG = LoggerFactory.getLogger(ReadOnlyCheck.class);
 
   /** Commands that only read or touch the client's own session. Class simple names, after analysis. */
@@ -80,19 +80,58 @@ final class ReadOnlyCheck implements Function1<LogicalPlan, BoxedUnit> {
   /** Functions of Delta's own queries (its log replay runs typed operations and UDFs): these pass. */
   private static final List<String> DELTA_PACKAGES = List.of("org.apache.spark.sql.delta.", "io.delta.");
 
-  private ReadOnlyCheck() {
+  private final SparkSession session;
+
+  ReadOnlyCheck(SparkSession session) {
+    this.session = session;
   }
 
   @Override
   public BoxedUnit apply(LogicalPlan plan) {
     if (ReadOnlyExtension.enforced()) {
-      String why = refusal(plan);
+      String why = session == null ? null
+          : settingsRefusal(session.sessionState().conf().getAllConfs(), this::serverSetting);
+      if (why == null) {
+        why = refusal(plan);
+      }
       if (why != null) {
         LOG.warn("refused: {}", why);
         throw ReadOnlyCheck.<RuntimeException>unchecked(violation(why));
       }
     }
     return BoxedUnit.UNIT;
+  }
+
+  /**
+   * Null when every setting of a client's session is what the endpoint started with or one a client may change
+   * ({@link ReadOnlyExtension#sessionSetting}), else the refusal's message. A session's settings can change
+   * without a plan: the Thrift server applies the ones a JDBC URL carries ({@code ;?key=value}, {@code #var=value})
+   * when it opens the session, and every one of them also reaches the session's Hadoop conf (file systems,
+   * credentials providers). A session carrying such a setting gets no answer to any query.
+   */
+  static String settingsRefusal(scala.collection.immutable.Map<String, String> settings,
+      java.util.function.Function<String, String> serverSetting) {
+    java.util.Map<String, String> start = ReadOnlyExtension.startSettings();
+    for (java.util.Map.Entry<String, String> setting : CollectionConverters.asJava(settings).entrySet()) {
+      String key = setting.getKey();
+      String value = setting.getValue();
+      if (!java.util.Objects.equals(start.get(key), value) && !java.util.Objects.equals(serverSetting.apply(key), value)
+          && !ReadOnlyExtension.sessionSetting(key) && !ReadOnlyExtension.SERVER_SESSION_KEYS.contains(key)) {
+        return ReadOnlyExtension.message("the setting " + key + " of this session (given outside SET, e.g. in a JDBC URL)",
+            "a session keeps the endpoint's settings but session SQL settings such as spark.sql.session.timeZone; "
+                + ReadOnlyExtension.ONLY_QUERIES);
+      }
+    }
+    return null;
+  }
+
+  /**
+   * The endpoint's own value of {@code key} outside its SQL settings: its Hadoop conf (where HiveServer2's settings
+   * are) or a JVM system property. The Thrift server copies its own HiveConf changes into every session it opens.
+   */
+  private String serverSetting(String key) {
+    String value = session.sparkContext().hadoopConfiguration().get(key);
+    return value != null ? value : System.getProperty(key);
   }
 
   /** Throws {@code e} (a checked exception in Java's eyes, as every Spark exception is to Scala) unchanged. */

@@ -3,6 +3,8 @@ package io.kdq.spark;
 import java.net.URI;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
+import java.util.Set;
 import org.apache.spark.sql.SparkSessionExtensions;
 import org.apache.spark.sql.catalyst.TableIdentifier;
 import org.apache.spark.sql.catalyst.catalog.CatalogTable;
@@ -10,6 +12,7 @@ import org.apache.spark.sql.catalyst.catalog.SessionCatalog;
 import org.apache.spark.sql.classic.SparkSession;
 import org.apache.spark.sql.internal.SQLConf$;
 import scala.Function1;
+import scala.jdk.javaapi.CollectionConverters;
 import scala.runtime.BoxedUnit;
 
 /**
@@ -38,15 +41,30 @@ import scala.runtime.BoxedUnit;
 public final class ReadOnlyExtension implements Function1<SparkSessionExtensions, BoxedUnit> {
   public static final String PREFIX = "kdq SQL endpoint is read-only: ";
   static final String ONLY_QUERIES = "only queries of the kdq tables and views";
+  /**
+   * Off on the endpoint, and not a client's to turn on: {@code ${key}} in SQL text would read any setting of the
+   * session, including the server's own that the Thrift server copies into each of its sessions (its TLS keystore's
+   * password), past Spark's redaction of {@code SET} output.
+   */
+  static final String VARIABLE_SUBSTITUTE = "spark.sql.variable.substitute";
   /** Settings under this prefix belong to kdq; none of them is a client's to change. */
   static final String KDQ_KEYS = "spark.kdq.";
 
   private static volatile boolean enforced;
   private static volatile List<URI> tableLocations = List.of();
+  /** The endpoint's own session settings when it was armed: what every client session starts with. */
+  private static volatile Map<String, String> startSettings = Map.of();
+
+  /**
+   * Settings a server sets in a client's session itself, outside any SQL: beeline's fetch size (the Hive
+   * JDBC driver sends it with every session it opens). Hive settings, read by no Spark code path of a query.
+   */
+  static final Set<String> SERVER_SESSION_KEYS = Set.of("hive.server2.thrift.resultset.default.fetch.size");
 
   @Override
   public BoxedUnit apply(SparkSessionExtensions extensions) {
-    extensions.injectCheckRule(session -> ReadOnlyCheck.INSTANCE);
+    // One rule per session (each client's session state is built with its own): it judges that session's settings.
+    extensions.injectCheckRule(session -> new ReadOnlyCheck((SparkSession) session)); // a classic session
     return BoxedUnit.UNIT;
   }
 
@@ -67,6 +85,7 @@ public final class ReadOnlyExtension implements Function1<SparkSessionExtensions
       throw new IllegalStateException("could not list the tables' locations: " + e, e);
     }
     tableLocations = List.copyOf(locations);
+    startSettings = Map.copyOf(CollectionConverters.asJava(session.sessionState().conf().getAllConfs()));
     enforced = true;
     String probe = "SET " + KDQ_KEYS + "sql.readOnly=false";
     try {
@@ -106,6 +125,10 @@ public final class ReadOnlyExtension implements Function1<SparkSessionExtensions
     return tableLocations;
   }
 
+  static Map<String, String> startSettings() {
+    return startSettings;
+  }
+
   /** For tests: locations without a catalog. */
   static synchronized void enforceWith(List<URI> locations) {
     tableLocations = List.copyOf(locations);
@@ -125,7 +148,8 @@ public final class ReadOnlyExtension implements Function1<SparkSessionExtensions
    * Whether a client may change {@code key} in its own session (SQL {@code SET}/{@code RESET}, Spark
    * Connect's {@code spark.conf.set}): a registered, non-static Spark SQL setting ({@code spark.sql.*},
    * e.g. {@code spark.sql.session.timeZone}, {@code spark.sql.ansi.enabled}), but no catalog plugin
-   * ({@code spark.sql.catalog.*} names a class to load) and no redaction pattern. Never a static
+   * ({@code spark.sql.catalog.*} names a class to load), no redaction pattern and not {@link
+   * #VARIABLE_SUBSTITUTE}. Never a static
    * setting, Spark core or Hadoop setting, {@code spark.sql.extensions} or kdq's own keys.
    */
   static boolean sessionSetting(String key) {
@@ -133,7 +157,8 @@ public final class ReadOnlyExtension implements Function1<SparkSessionExtensions
       return false;
     }
     String k = key.trim();
-    if (!k.startsWith("spark.sql.") || k.startsWith("spark.sql.catalog.") || k.startsWith("spark.sql.redaction.")) {
+    if (!k.startsWith("spark.sql.") || k.startsWith("spark.sql.catalog.") || k.startsWith("spark.sql.redaction.")
+        || k.equals(VARIABLE_SUBSTITUTE)) {
       return false;
     }
     SQLConf$ conf = SQLConf$.MODULE$;

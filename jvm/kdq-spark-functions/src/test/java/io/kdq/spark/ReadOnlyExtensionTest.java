@@ -273,6 +273,36 @@ class ReadOnlyExtensionTest {
   }
 
   @Test
+  void refusesASessionWhoseSettingsChangedOutsideSet() {
+    // What the Thrift server does with the settings of a JDBC URL (;?key=value, #var=value) when it opens a
+    // session: no SET, no plan; the session's Hadoop conf gets every one of them too.
+    for (String key : List.of("spark.sql.catalog.probe", "fs.file.impl", "spark.kdq.sql.readOnly", "a_hive_variable")) {
+      SparkSession client = client();
+      client.sessionState().conf().setConfString(key, "org.example.Probe");
+      Exception e = assertThrows(Exception.class, () -> client.sql("SELECT count(*) FROM kdq.window_counts").collect());
+      assertTrue(e.getMessage().startsWith(ReadOnlyExtension.PREFIX + "the setting " + key + " of this session "
+          + "(given outside SET, e.g. in a JDBC URL) is not allowed"), e.getMessage());
+    }
+    // A session setting, and the fetch size Hive's JDBC driver sends with every session: answered.
+    SparkSession client = client();
+    client.sessionState().conf().setConfString("spark.sql.session.timeZone", "UTC");
+    client.sessionState().conf().setConfString("hive.server2.thrift.resultset.default.fetch.size", "1000");
+    assertEquals(4, count(client, "SELECT count(*) FROM kdq.window_counts"));
+    // The server's own settings outside its SQL conf (Hadoop conf, system properties), copied into a session as
+    // the Thrift server does with its HiveConf: answered.
+    spark.sparkContext().hadoopConfiguration().set("hive.server2.use.SSL", "true");
+    SparkSession copied = client();
+    copied.sessionState().conf().setConfString("hive.server2.use.SSL", "true");
+    assertEquals(4, count(copied, "SELECT count(*) FROM kdq.window_counts"));
+    copied.sessionState().conf().setConfString("hive.server2.use.SSL", "false"); // not the server's value
+    assertThrows(Exception.class, () -> copied.sql("SELECT 1").collect());
+    // The endpoint's own settings, changed in a client's session, are refused too.
+    SparkSession changed = client();
+    changed.sessionState().conf().setConfString("spark.sql.warehouse.dir", dir.resolve("elsewhere").toUri().toString());
+    assertThrows(Exception.class, () -> changed.sql("SELECT 1").collect());
+  }
+
+  @Test
   void enforcingAgainKeepsRefusing() {
     assertTrue(ReadOnlyExtension.enforce(spark).startsWith("read-only: "));
     assertTrue(ReadOnlyExtension.enforced());
@@ -288,6 +318,7 @@ class ReadOnlyExtensionTest {
     assertFalse(ReadOnlyExtension.sessionSetting("spark.sql.warehouse.dir")); // static
     assertFalse(ReadOnlyExtension.sessionSetting("spark.sql.catalog.spark_catalog"));
     assertFalse(ReadOnlyExtension.sessionSetting("spark.sql.catalog.evil"));
+    assertFalse(ReadOnlyExtension.sessionSetting("spark.sql.variable.substitute")); // ${key} reads any setting
     assertFalse(ReadOnlyExtension.sessionSetting("spark.sql.no.such.setting"));
     assertFalse(ReadOnlyExtension.sessionSetting("spark.kdq.sql.readOnly"));
     assertFalse(ReadOnlyExtension.sessionSetting("spark.hadoop.fs.s3a.endpoint"));
