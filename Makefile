@@ -40,8 +40,9 @@ test: setup
 test-unit: setup
 	@$(PY) -m pytest tests/unit -q
 
+## test-integration: the integration tests of `make test` (the cluster-shaped ones: `make test-cluster`)
 test-integration: setup
-	@$(PY) -m pytest tests/integration -q
+	@$(PY) -m pytest tests/integration -q -m "not cluster"
 
 ## test-cluster: the cluster shape of the stack (3 Kafka brokers at RF 3, Spark standalone master + 2 workers;
 ## docs/cluster.md): the seed example, then the hourly recompute and a rebuild, submitted to the master; a

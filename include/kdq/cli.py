@@ -1,4 +1,5 @@
-"""The `kdq` command: the local stack, SQL on the Delta tables, and (later) the jobs.
+"""The `kdq` command: the local stack (`up`, `run`, `down`, `status`), SQL on the Delta tables (`sql`, `sql-endpoint`),
+the jobs (`job`), the demo traffic and the operator's tools.
 
 Every command loads the one Config (kdq.toml + KDQ_* environment) and fails
 with a message naming the key when it is wrong.

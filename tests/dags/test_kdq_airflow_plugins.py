@@ -139,8 +139,15 @@ def test_maintenance_is_a_spark_job_like_the_others() -> None:
 def test_push_corrections_reads_the_recompute_report(monkeypatch: pytest.MonkeyPatch) -> None:
     from kdq_airflow.operators import KdqSparkJobOperator, PushCorrectionsOperator
 
+    # The base operator's execute stands for spark-submit: it records which job was submitted and returns that
+    # submission's own report, so a push is proven by the job name recorded and the report passed through.
     submitted: list[str] = []
-    monkeypatch.setattr(KdqSparkJobOperator, "execute", lambda self, context: submitted.append(self.job) or {"ok": True})
+
+    def submit(self, context):
+        submitted.append(self.job)
+        return {"submitted": self.job, "number": len(submitted)}
+
+    monkeypatch.setattr(KdqSparkJobOperator, "execute", submit)
 
     class TaskInstance:
         def __init__(self, xcom):
@@ -154,11 +161,12 @@ def test_push_corrections_reads_the_recompute_report(monkeypatch: pytest.MonkeyP
     none_late = {"late_windows": 0, "corrections": 0, "summaries": {"late_windows": 0}, "ok": True}
     assert task.execute({"ti": TaskInstance(none_late)}) is None and submitted == []
     summaries_late = {**none_late, "summaries": {"late_windows": 2}}
-    assert task.execute({"ti": TaskInstance(summaries_late)}) == {"ok": True}
-    assert task.execute({"ti": TaskInstance({**none_late, "late_windows": 1})}) == {"ok": True}
+    assert task.execute({"ti": TaskInstance(summaries_late)}) == {"submitted": "push_corrections", "number": 1}
+    assert task.execute({"ti": TaskInstance({**none_late, "late_windows": 1})}) == {"submitted": "push_corrections", "number": 2}
     # No report (or not a recompute report): push anyway.
-    assert task.execute({"ti": TaskInstance(None)}) == {"ok": True}
-    assert task.execute({"ti": TaskInstance({"ok": True})}) == {"ok": True}
+    assert task.execute({"ti": TaskInstance(None)}) == {"submitted": "push_corrections", "number": 3}
+    assert task.execute({"ti": TaskInstance({"ok": True})}) == {"submitted": "push_corrections", "number": 4}
+    assert submitted == ["push_corrections"] * 4
     assert submitted == ["push_corrections"] * 4
 
 

@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parents[3]
 OUT = Path(__file__).resolve().parents[1] / "src" / "test" / "resources" / "rule_compiler_cases.json"
 
 
-def main() -> None:
-    candidates = [Path(a) for a in sys.argv[1:]] or [
-        ROOT / "tests" / "unit" / "test_classifier.py",
-        ROOT / "tests" / "unit" / "test_rule_compiler.py",
-    ]
-    source = next(p for p in candidates if p.exists())
+DEFAULT_SOURCES = [ROOT / "tests" / "unit" / "test_classifier.py", ROOT / "tests" / "unit" / "test_rule_compiler.py"]
+
+
+def export_text(source: Path) -> str:
+    """The export of the table in ``source``, exactly as written to OUT (tests/unit/test_rule_compiler_export.py
+    compares it with the committed file, so the JVM tests never run a stale copy of the Python table)."""
     spec = importlib.util.spec_from_file_location("trc", source)
     trc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(trc)
@@ -72,8 +72,15 @@ def main() -> None:
         }
         for topic, value, expected in trc.CASES
     ]
-    OUT.write_text(json.dumps({"config": config, "cases": cases}, indent=1, ensure_ascii=False) + "\n")
-    print(f"{OUT}: {len(cases)} cases, {len(rules)} rules (from {source})")
+    return json.dumps({"config": config, "cases": cases}, indent=1, ensure_ascii=False) + "\n"
+
+
+def main() -> None:
+    candidates = [Path(a) for a in sys.argv[1:]] or DEFAULT_SOURCES
+    source = next(p for p in candidates if p.exists())
+    text = export_text(source)
+    OUT.write_text(text)
+    print(f"{OUT}: {len(json.loads(text)['cases'])} cases (from {source})")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import org.junit.jupiter.api.Test;
 import tools.jackson.databind.JsonNode;
 
 /**
- * Every row of tests/unit/test_rule_compiler.py's CASES table (exported to
+ * Every row of tests/unit/test_classifier.py's CASES table (exported to
  * rule_compiler_cases.json by scripts/export_rule_compiler_cases.py) gives the same reason here.
  */
 class RuleCompilerCasesTest {
