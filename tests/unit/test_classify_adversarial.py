@@ -87,6 +87,56 @@ def classify_values(
     return sorted(classified.collect(), key=lambda r: r["offset"])
 
 
+def _lone_surrogate(value: object) -> bool:
+    """Whether a decoded JSON value holds a lone surrogate anywhere (iterative: values nest deeper than Python's
+    recursion limit)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    if len({k for k, _ in pairs}) != len(pairs):
+        raise ValueError("duplicate key")
+    return dict(pairs)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def bytes_verdict(value: bytes | None) -> str | None:
+    """What the bytes alone decide, by an oracle independent of the classifier (Python's decoder and json
+    module, made strict): ``null_value``, ``not_utf8`` or ``not_json``; ``"json"`` for a well-formed JSON text
+    (the rest depends on the topic's rule); None when this oracle cannot tell (empty or blank, a BOM, nesting or
+    numbers beyond Python's own limits, where the classifier's size and complexity limits decide)."""
+    if value is None:
+        return "null_value"
+    try:
+        text = value.decode("utf-8")  # strict: an encoded surrogate is no UTF-8
+    except UnicodeDecodeError:
+        return "not_utf8"
+    if not text.strip() or text.startswith("\ufeff"):
+        return None
+    try:
+        parsed = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        return None
+    except ValueError as exc:
+        # Python's own limit on integer digits is no JSON rule (the classifier says too_complex there).
+        return None if "digits" in str(exc) else "not_json"
+    return "not_json" if _lone_surrogate(parsed) else "json"
+
+
 def assert_every_record_has_a_verdict(records: list[tuple[str, bytes | None]], got: list) -> None:
     assert len(got) == len(records), "every record comes back exactly once"
     for (topic, value), row in zip(records, got, strict=True):
@@ -95,6 +145,12 @@ def assert_every_record_has_a_verdict(records: list[tuple[str, bytes | None]], g
         assert row["valid"] == (row["reason"] is None), where
         if row["reason"] is not None:
             assert row["reason"] in KNOWN_REASONS or row["reason"].startswith(RULE_REASON_PREFIXES), (where, row["reason"])
+        # Not only a known reason: the right one wherever the bytes alone decide it.
+        verdict = bytes_verdict(value)
+        if verdict in ("null_value", "not_utf8", "not_json"):
+            assert row["reason"] == verdict, (where, row["reason"], verdict)
+        elif verdict == "json":
+            assert row["reason"] not in ("null_value", "not_utf8", "not_json"), (where, row["reason"])
         assert row["event_time"] is not None and row["window_start"] is not None and row["event_hour"], where
         assert 0 <= row["event_time"].timestamp() * 1000 <= MAX_EVENT_MS, where
 
