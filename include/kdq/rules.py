@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kdq.expectations_config import ExpectationError, ExpectationSet, parse_expectations
+
 log = logging.getLogger(__name__)
 
 TOPICS_FILE = "topics.toml"
@@ -126,6 +128,9 @@ class RuleSet:
     # [remotes] of topics.toml: (URI prefix, subfolder) — the subfolder's files are also known by
     # prefix + their path in it, so a $ref to a remote URI resolves to a local copy.
     remotes: tuple[tuple[str, Path], ...] = ()
+    # [expectations] of topics.toml (kdq.expectations_config): what opens incidents. Deliberately outside
+    # `version` and every rule's version: they judge the counts, never change them, so no rebuild.
+    expectations: ExpectationSet = ExpectationSet()
 
     def rule_for(self, topic: str) -> TopicRule | None:
         for rule in self.rules:
@@ -243,6 +248,7 @@ def load_rules(rules_dir: Path) -> RuleSet:
 
     explicit: list[TopicRule] = []
     remotes: tuple[tuple[str, Path], ...] = ()
+    expectations = ExpectationSet()
     toml = rules_dir / TOPICS_FILE
     if toml.exists():
         try:
@@ -252,11 +258,16 @@ def load_rules(rules_dir: Path) -> RuleSet:
         except UnicodeDecodeError as exc:
             raise RuleError(f"{toml}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         for key in data:
-            if key not in ("topic", "remotes"):
+            if key not in ("topic", "remotes", "expectations"):
                 raise RuleError(
-                    f"{toml}: unknown top-level key {key!r}; rules are [[topic]] entries (and one [remotes] table)"
+                    f"{toml}: unknown top-level key {key!r}; rules are [[topic]] entries "
+                    "(and one [remotes] table, one [expectations] table)"
                 )
         remotes = _remotes(toml, rules_dir, data.get("remotes", {}))
+        try:
+            expectations = parse_expectations(data.get("expectations", {}))
+        except ExpectationError as exc:
+            raise RuleError(f"{toml}: {exc}") from None
         entries = data.get("topic", [])
         if not isinstance(entries, list):
             raise RuleError(f"{toml}: 'topic' must be an array of tables ([[topic]])")
@@ -345,4 +356,5 @@ def load_rules(rules_dir: Path) -> RuleSet:
                 version=rule_version(schema, None, "auto"),
             )
         )
-    return RuleSet(tuple(rules), _short_hash([[r.label, r.version] for r in rules]), rules_dir.resolve(), remotes)
+    version = _short_hash([[r.label, r.version] for r in rules])
+    return RuleSet(tuple(rules), version, rules_dir.resolve(), remotes, expectations)

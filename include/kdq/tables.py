@@ -225,6 +225,33 @@ SUMMARY_CORRECTIONS = TableSpec(
     comment="Every change the batch layer made to summaries (statistics before and after as JSON).",
 )
 
+# Expectations and incidents (issue 27: kdq.expectations, kdq.incidents). Defined, not created yet: it joins
+# ALL_TABLES when the stream writes it (one row per incident, MERGEd on incident_key guarded by version).
+INCIDENTS = TableSpec(
+    name="incidents",
+    columns=(
+        ("incident_key", "STRING"),  # topic|expectation|first window as first seen (kdq.incidents.incident_key)
+        ("topic", "STRING"),  # "(stream)" for the stream's latency and lag
+        ("expectation", "STRING"),  # invalid_ratio, silence, reason_count:<reason>, anomaly:spike, ...
+        ("status", "STRING"),  # open | resolved | retracted
+        ("window_start", "TIMESTAMP"),  # the windows whose counts are behind it (sliding periods included)
+        ("window_end", "TIMESTAMP"),
+        ("first_window", "TIMESTAMP"),  # first and last violated minute
+        ("last_window", "TIMESTAMP"),
+        ("worst_value", "DOUBLE"),
+        ("threshold", "DOUBLE"),
+        ("level", "INT"),  # worsen_at levels passed
+        ("final", "BOOLEAN"),  # every violated minute is past its allowed lateness
+        ("resolved_window", "TIMESTAMP"),  # the minute whose clear verdict resolved it
+        ("opened_at", "TIMESTAMP"),  # first seen (evaluation time)
+        ("last_seen_at", "TIMESTAMP"),
+        ("updated_at", "TIMESTAMP"),
+        ("version", "BIGINT"),  # counts its changes; the notifier's idempotency key with incident_key
+        ("sample", "STRING"),  # a sample of invalid values where it applies (from invalid_samples)
+    ),
+    comment="One row per incident of an expectation (kdq.incidents), updated in place, versioned.",
+)
+
 SUMMARY_TABLES: tuple[TableSpec, ...] = (SUMMARIES, SUMMARY_LATE_WINDOWS, SUMMARY_CORRECTIONS)
 
 ALL_TABLES: tuple[TableSpec, ...] = (
