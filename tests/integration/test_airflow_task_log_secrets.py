@@ -190,6 +190,17 @@ def _find_all(text: str, needle: str) -> Iterator[int]:
         start = text.find(needle, start + 1)
 
 
+def _failed_attempt_log(airflow_services, api) -> str:
+    """Trigger the DAG, wait for its task's first attempt to fail, and return that attempt's log (the run is
+    ended and deleted afterwards, so no retry runs)."""
+    run_id, ti = _run_until_the_first_attempt_fails(api)
+    try:
+        assert ti["state"] in ("up_for_retry", "failed"), ti
+        return _task_log(airflow_services.airflow, api, run_id)
+    finally:
+        _forget(api, run_id)
+
+
 @pytest.mark.timeout(1200)
 def test_a_config_error_in_the_task_names_the_key_not_the_secrets(airflow_services, api, kdq_toml) -> None:
     config = airflow_services.config
@@ -197,12 +208,7 @@ def test_a_config_error_in_the_task_names_the_key_not_the_secrets(airflow_servic
     changes["kafka"]["client"] = {**changes["kafka"]["client"], "sasl.jaas.config": JAAS,
                                   "isolation.level": "read_uncommitted"}
     _write_config(config, kdq_toml, changes)
-    run_id, ti = _run_until_the_first_attempt_fails(api)
-    try:
-        assert ti["state"] in ("up_for_retry", "failed"), ti
-        log = _task_log(airflow_services.airflow, api, run_id)
-    finally:
-        _forget(api, run_id)
+    log = _failed_attempt_log(airflow_services, api)
     assert "ConfigError" in log and "isolation.level" in log and "read_committed" in log, log[-4000:]
     assert "kafka.client" in log, log[-4000:]
     assert not _leaks(log), _leaks(log)
@@ -215,12 +221,7 @@ def test_a_failing_spark_job_logs_no_secret(airflow_services, api, kdq_toml) -> 
     changes["spark"]["conf"] = {**changes["spark"]["conf"], "spark.serializer": "io.kdq.NoSuchSerializer"}
     _write_config(config, kdq_toml, changes)
     before = set((config.data_dir / "spark-submit").glob("secrets-*.properties"))
-    run_id, ti = _run_until_the_first_attempt_fails(api)
-    try:
-        assert ti["state"] in ("up_for_retry", "failed"), ti
-        log = _task_log(airflow_services.airflow, api, run_id)
-    finally:
-        _forget(api, run_id)
+    log = _failed_attempt_log(airflow_services, api)
     # The job was submitted with the secrets (the Spark ones in its private properties file) and failed in Spark.
     written = set((config.data_dir / "spark-submit").glob("secrets-*.properties")) - before
     assert any(_secret(10) in p.read_text() for p in written), written
