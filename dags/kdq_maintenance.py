@@ -2,14 +2,23 @@
 ### kdq maintenance
 
 Daily housekeeping of the Delta tables (`spark_jobs/maintenance.py`, submitted like the other jobs), on **closed partitions only** (older than today, UTC; the
-stream MERGEs into today's, and compacting them would make its MERGEs fail on conflicts):
+stream MERGEs into today's, and compacting them would make its MERGEs fail on conflicts), and only **where something
+changed** (read from each table's Delta log first; the task's report says what each step did or why it was skipped):
 
-* `OPTIMIZE` of `raw_archive` (by `event_hour`) and `window_counts` (by `window_date`);
+* `OPTIMIZE` of `raw_archive` (by `event_hour`), `window_counts` and `summaries` (by `window_date`), with a `WHERE`
+  naming exactly the closed partitions that received files since they were compacted (two or more small files);
+  no OPTIMIZE at all when there are none;
 * raw archive retention: rows of `event_hour` partitions older than `archive_retention_days` are first
   *retired* (their counts go to `retired_counts`, which every later recompute adds), then deleted, so a
-  record arriving after its hour was deleted adds to the window's full count; skipped (with a log line)
-  while the stream has an uncommitted micro-batch from before the retirement instant;
-* `VACUUM ... RETAIN 168 HOURS` of every table (Delta's safe minimum, so no reader loses files).
+  record arriving after its hour was deleted adds to the window's full count; skipped when the archive has no
+  partition before the cutoff, and (with a log line) while the stream has an uncommitted micro-batch from before
+  the retirement instant;
+* `VACUUM ... LITE RETAIN 168 HOURS` of every table (Delta's safe minimum, so no reader loses files; LITE reads
+  the removed files from the log instead of listing the directories), a `FULL` one on Sundays (also removes
+  files of writes that died before their commit); skipped on a table with nothing removed since its last VACUUM.
+
+It stays in the background: one core (`local[1]`, or `spark.cores.max=1` on a cluster) and spark-submit under
+`nice -n 10`, so the stream and the SQL endpoint keep theirs.
 
 It runs once a day at a quiet hour (`30 3 * * *` UTC; `KDQ_AIRFLOW_MAINTENANCE_CRON` changes it) and never
 at once when Airflow first starts (`make run` at any hour): the first run waits for the next quiet hour.

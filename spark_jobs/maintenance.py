@@ -3,8 +3,9 @@
     spark-submit spark_jobs/maintenance.py [--config kdq.toml] [--archive-retention-days 30] \
         [--vacuum-retain-hours 168] [--today 2026-11-24]
 
-The steps and why they are safe next to the running stream: :mod:`kdq.spark.maintenance`. Prints its report
-(kdq.job_reports.MaintenanceReport: what each step did). ``--today`` (UTC date; default: now) sets which partitions are closed and
+The steps, why they are safe next to the running stream, and how each is limited to what changed since the
+last run: :mod:`kdq.spark.maintenance`. Submitted with one core and under ``nice`` (kdq.spark.submit.BACKGROUND_JOBS).
+Prints its report (kdq.job_reports.MaintenanceReport: what each step did, or why it was skipped). ``--today`` (UTC date; default: now) sets which partitions are closed and
 the retention's bounds.
 
 main(argv) → args → frozen config → session → kdq.spark.maintenance.run_maintenance → report.

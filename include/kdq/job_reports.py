@@ -251,11 +251,15 @@ class CatchUpReport(JobReport):
 
 @dataclass(kw_only=True)
 class MaintenanceReport(JobReport):
-    """``maintenance``: ``today`` (UTC date of the run), ``steps`` run, and ``results`` by step description
-    (OPTIMIZE metrics, ``vacuumed``, or the retention's retired/deleted counts or why it was skipped)."""
+    """``maintenance``: ``today`` (UTC date of the run), ``steps`` planned, ``skipped``: how many of them had
+    nothing to do, and ``results`` by step description: OPTIMIZE's compacted ``partitions`` and
+    ``files_removed``/``files_added``, VACUUM's ``vacuumed`` mode (LITE or FULL), the retention's
+    retired/deleted counts, or ``{"skipped": why}`` (no closed partition with new files, no archive partition
+    before the cutoff, nothing removed since a VACUUM, the stream behind the retirement instant)."""
 
     today: str = ""
     steps: int = 0
+    skipped: int = 0
     results: dict[str, Any] = field(default_factory=dict)
 
 

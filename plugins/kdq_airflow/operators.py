@@ -36,17 +36,28 @@ def submit_settings(config: Any, job: str) -> dict[str, Any]:
     }
 
 
-def _report_hook(**kwargs: Any) -> Any:
+def _report_hook(job: str | None = None, **kwargs: Any) -> Any:
     """A SparkSubmitHook that also keeps the last JSON object line of the job's output: every kdq job
     prints its report that way (:mod:`kdq.job_reports`), and the operator returns it (the task's XCom,
     shown in the UI).
 
     Overrides the provider's log processing (pinned provider version), still letting it see every line.
+    For a background job (``kdq.spark.submit.BACKGROUND_JOBS``: the maintenance) it also runs spark-submit
+    under ``nice`` and caps a local master of the connection to the job's cores (``local[1]``), as
+    ``kdq job`` does (``kdq.spark.submit.submit_command``); a cluster master is capped by ``spark.cores.max``
+    in the job's conf.
     """
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+    from kdq.spark.submit import capped_master, priority_prefix
+
+    prefix = priority_prefix(job) if job else []
+
     class ReportHook(SparkSubmitHook):
         report: dict | None = None
+
+        def _get_spark_binary_path(self) -> list[str]:
+            return [*prefix, *super()._get_spark_binary_path()]
 
         def _process_spark_submit_log(self, itr: Any) -> None:
             def tee(lines: Any) -> Any:
@@ -63,7 +74,10 @@ def _report_hook(**kwargs: Any) -> Any:
 
             super()._process_spark_submit_log(tee(itr))
 
-    return ReportHook(**kwargs)
+    hook = ReportHook(**kwargs)
+    if job:
+        hook._connection["master"] = capped_master(hook._connection["master"], job)
+    return hook
 
 
 class KdqSparkJobOperator(BaseOperator):
@@ -106,7 +120,9 @@ class KdqSparkJobOperator(BaseOperator):
         self.log.info("spark job %s %s", self.job, args)
         if self.config_path:
             args = ["--config", self.config_path, *args]
-        self._hook = _report_hook(conn_id=self.conn_id, application_args=args, **submit_settings(config, self.job))
+        self._hook = _report_hook(
+            job=self.job, conn_id=self.conn_id, application_args=args, **submit_settings(config, self.job)
+        )
         try:
             self._hook.submit(str(job_path(self.job)))
         except AirflowException:
@@ -172,8 +188,9 @@ class InfluxCatchUpOperator(KdqSparkJobOperator):
 
 
 class MaintenanceOperator(KdqSparkJobOperator):
-    """``spark_jobs/maintenance.py``: OPTIMIZE / retention / VACUUM of kdq's Delta tables
-    (:mod:`kdq.spark.maintenance`), submitted like every other kdq job."""
+    """``spark_jobs/maintenance.py``: OPTIMIZE / retention / VACUUM of kdq's Delta tables where something
+    changed (:mod:`kdq.spark.maintenance`), submitted like every other kdq job, in the background: one core
+    and ``nice`` (:func:`_report_hook`)."""
 
     def __init__(self, *, archive_retention_days: int = 30, vacuum_retain_hours: int = 168, **kwargs: Any) -> None:
         super().__init__(

@@ -95,3 +95,51 @@ def test_the_file_is_private_from_its_first_byte(tmp_path: Path) -> None:
     finally:
         os.umask(previous)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_the_maintenance_stays_in_the_background(tmp_path: Path) -> None:
+    """Issue 25: the daily maintenance never takes the cores the stream and the SQL endpoint need: one core
+    (local[1] for a local master, spark.cores.max=1 on a cluster) and its spark-submit under nice; the other
+    jobs are submitted as before."""
+    config = _config(tmp_path)  # local[2]
+    command = submit_command(config, "maintenance", ["--archive-retention-days=30"])
+    assert command[:3] == ["nice", "-n", "10"] and command[3].endswith("spark-submit")
+    assert command[command.index("--master") + 1] == "local[1]"
+    assert "spark.cores.max=1" in command
+    recompute = submit_command(config, "batch_recompute", ["--start=0"])
+    assert recompute[0].endswith("spark-submit") and recompute[recompute.index("--master") + 1] == "local[2]"
+    assert not any(arg.startswith("spark.cores.max=") for arg in recompute)
+
+    cluster = submission(_config(tmp_path, master="spark://10.0.0.5:7077"), "maintenance")
+    assert cluster.master == "spark://10.0.0.5:7077" and cluster.conf["spark.cores.max"] == "1"
+
+
+def test_capped_master() -> None:
+    from kdq.spark.submit import capped_master
+
+    assert [capped_master(m, "maintenance") for m in ("local", "local[2]", "local[*]", "local[4,2]")] == ["local[1]"] * 4
+    for master in ("spark://h:7077", "yarn", "k8s://https://h", "local-cluster[2,1,1024]"):
+        assert capped_master(master, "maintenance") == master
+    assert capped_master("local[2]", "batch_recompute") == "local[2]"
+
+
+def test_the_airflow_operator_submits_the_maintenance_in_the_background(tmp_path: Path, monkeypatch) -> None:
+    """The same cap and priority when Airflow submits it: the hook's command (built by the Spark provider from
+    the connection, here local[2]) starts with nice and names local[1]."""
+    import sys
+
+    from tests.conftest import PROJECT_ROOT
+
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "plugins"))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    from kdq_airflow.operators import _report_hook, submit_settings
+
+    assert "kdq_airflow.operators" in sys.modules
+    config = _config(tmp_path)
+    hook = _report_hook(job="maintenance", conn_id="spark_default", application_args=[], **submit_settings(config, "maintenance"))
+    command = hook._build_spark_submit_command("maintenance.py")
+    assert command[:3] == ["nice", "-n", "10"] and command[command.index("--master") + 1] == "local[1]"
+    assert "spark.cores.max=1" in command
+    other = _report_hook(job="batch_recompute", conn_id="spark_default", application_args=[], **submit_settings(config, "batch_recompute"))
+    command = other._build_spark_submit_command("batch_recompute.py")
+    assert command[0] != "nice" and command[command.index("--master") + 1] == "local[2]"

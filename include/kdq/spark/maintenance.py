@@ -1,4 +1,5 @@
-"""Daily Delta maintenance: compaction of closed partitions, raw-archive retention, VACUUM.
+"""Daily Delta maintenance: compaction of closed partitions, raw-archive retention, VACUUM, each only where
+something changed.
 
 Only partitions older than today (UTC) are compacted: the stream MERGEs into today's ``window_date`` /
 ``event_hour`` partitions every few seconds, and an OPTIMIZE that rewrote the files a MERGE read would
@@ -8,19 +9,47 @@ time this runs (a stream or summary lateness over a day moves the boundary back 
 Unpartitioned tables are only vacuumed. The stream trims its own ledger and progress files and Spark
 cleans its checkpoint metadata (``spark.sql.streaming.minBatchesToRetain``), so neither is done here.
 
+**Work proportional to what changed** (issue 25). Before planning, the run reads each table's current
+snapshot from its Delta log (:func:`table_state`: the file list of the last checkpoint plus the commits
+after it, what every read of the table loads anyway; no directory listing, no data file read) and its
+last commits (``DeltaTable.history(32)``), and :func:`maintenance_plan` (pure) decides from that:
+
+* **OPTIMIZE** only the closed partitions that hold two or more files below OPTIMIZE's minimum size
+  (``spark.databricks.delta.optimize.minFileSize``): the partitions that received files since they were
+  last compacted (a compacted small partition is one file), with a ``WHERE`` naming exactly them
+  (``window_date IN (DATE'…', …)``, ``event_hour IN ('…', …)``); no OPTIMIZE at all when there are none.
+  A snapshot's file list rather than the commits since the last OPTIMIZE: an hour partition written
+  before the last run's OPTIMIZE while it was still open (00:00-03:00 of that day) would be missed by the
+  latter, and a day of the stream's 5-second micro-batches is ~17,000 commit files to read per table.
+* **Retention** only when the archive has a partition (``event_hour``) before the cutoff.
+* **VACUUM** ``LITE`` (Delta reads the removed files from the log since the last VACUUM instead of listing
+  the table's directory), a ``FULL`` one (listing, also removes files of writes that died before their
+  commit) once a week (:data:`FULL_VACUUM_WEEKDAY`) or when ``LITE`` cannot run (the log since the last
+  VACUUM was cleaned up); none on a table whose last data commit was vacuumed at least the retention
+  later (every file it removed is gone; only VACUUM commits since).
+
 **Retention keeps every count.** Raw rows older than ``archive_retention_days`` are *retired* before
 they are deleted: their counts go to ``retired_counts``, and every later recompute of their windows
 counts retired + archived rows, so a record arriving after its hour was deleted adds to the full count
 instead of replacing it (:mod:`kdq.spark.retention`). Retirement waits while the stream has an
 uncommitted micro-batch ingested before the retirement instant (its rows would escape it).
 
-Every step goes through Delta's table API: no path or other config value is spliced into SQL text.
+No path or other config value is spliced into SQL text: OPTIMIZE and retention go through Delta's table
+API, VACUUM ``LITE`` (SQL only) names the table as registered in the session's catalog (the validated
+``spark.database`` and the table's constant name); the ``WHERE`` literals are dates and hours parsed and
+re-formatted by this module.
+
+The job runs beside the stream and the SQL endpoint without taking their cores: one core
+(``local[1]``, ``spark.cores.max=1``) at a lower CPU priority (:func:`kdq.spark.submit.capped_master`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +58,33 @@ from kdq.job_reports import MaintenanceReport
 log = logging.getLogger("kdq.maintenance")
 
 MIN_VACUUM_RETAIN_HOURS = 168  # Delta's default safety check: readers and the stream may hold older snapshots
+FULL_VACUUM_WEEKDAY = 6  # Sunday (date.weekday()): the weekly VACUUM that lists the directories
+HISTORY_LOOKBACK = 32  # commits read to find the last data commit behind the VACUUM commits
+DEFAULT_MIN_FILE_SIZE = 1024 * 1024 * 1024  # Delta's spark.databricks.delta.optimize.minFileSize
+
+_HOUR = re.compile(r"\d{4}-\d{2}-\d{2}-\d{2}")
+
+
+@dataclass(frozen=True)
+class TableState:
+    """What the plan needs to know of one table (:func:`table_state`, from its Delta log).
+
+    ``partitions``: every partition value holding a file; ``compactable``: those holding two or more files
+    below OPTIMIZE's minimum size; ``last_data_commit_ms``: time of the newest commit other than a VACUUM
+    (None: none among the last :data:`HISTORY_LOOKBACK`); ``last_vacuum_ms``: the newest completed VACUUM
+    after it (None: none)."""
+
+    partitions: frozenset[str] = frozenset()
+    compactable: frozenset[str] = frozenset()
+    last_data_commit_ms: int | None = None
+    last_vacuum_ms: int | None = None
 
 
 @dataclass(frozen=True)
 class Step:
     """One maintenance action on one table: ``optimize`` (``where``: the closed partitions),
     ``retire`` (raw archive: rows of hours before ``cutoff``, ingested before ``retire_before_ms``)
-    or ``vacuum``."""
+    or ``vacuum`` (``mode``: LITE or FULL). ``skipped``: why the step does nothing this run (None: it runs)."""
 
     action: str
     table: str
@@ -43,14 +92,17 @@ class Step:
     cutoff: dt.date | None = None
     retire_before_ms: int | None = None
     retain_hours: int | None = None
+    mode: str = "LITE"
+    skipped: str | None = None
+    partitions: tuple[str, ...] = ()
 
     def describe(self) -> str:
         if self.action == "optimize":
-            return f"OPTIMIZE {self.table} WHERE {self.where}"
+            return f"OPTIMIZE {self.table} WHERE {self.where}" if self.where else f"OPTIMIZE {self.table}"
         if self.action == "retire":
             before = dt.datetime.fromtimestamp(self.retire_before_ms / 1000, tz=dt.UTC).isoformat()
             return f"RETIRE+DELETE {self.table} WHERE event_hour < '{self.cutoff:%Y-%m-%d}-00' AND ingest_time < '{before}'"
-        return f"VACUUM {self.table} RETAIN {self.retain_hours} HOURS"
+        return f"VACUUM {self.table} {self.mode} RETAIN {self.retain_hours} HOURS"
 
 
 def closed_before(config: Any, today: dt.date) -> dt.date:
@@ -61,10 +113,58 @@ def closed_before(config: Any, today: dt.date) -> dt.date:
     return today - dt.timedelta(days=max(lateness_days - 1, 0))
 
 
+def _partition_literal(column: str, value: str) -> tuple[str, str] | None:
+    """(sort key, SQL literal) of a partition value read from the log, or None when it is not one kdq writes
+    (so nothing but a re-formatted date or hour reaches the SQL text)."""
+    try:
+        if column == "window_date":
+            day = dt.date.fromisoformat(value)
+            return f"{day:%Y-%m-%d}", f"DATE'{day:%Y-%m-%d}'"
+        if column == "event_hour" and _HOUR.fullmatch(value):
+            hour = dt.datetime.strptime(value, "%Y-%m-%d-%H")
+            return f"{hour:%Y-%m-%d-%H}", f"'{hour:%Y-%m-%d-%H}'"
+    except (TypeError, ValueError):
+        pass
+    return None
+
+
+def _closed(column: str, key: str, open_from: dt.date) -> bool:
+    return key < (f"{open_from:%Y-%m-%d}" if column == "window_date" else f"{open_from:%Y-%m-%d}-00")
+
+
+def compaction_where(column: str, compactable: Iterable[str], open_from: dt.date) -> tuple[str | None, tuple[str, ...]]:
+    """The OPTIMIZE predicate naming exactly the closed ones of ``compactable`` (partition values of
+    ``column``), and those values, sorted; (None, ()) when there are none."""
+    parsed = sorted({p for value in compactable if (p := _partition_literal(column, value)) is not None})
+    chosen = [(key, literal) for key, literal in parsed if _closed(column, key, open_from)]
+    if not chosen:
+        return None, ()
+    return f"{column} IN ({', '.join(literal for _, literal in chosen)})", tuple(key for key, _ in chosen)
+
+
+def vacuum_mode(today: dt.date) -> str:
+    return "FULL" if today.weekday() == FULL_VACUUM_WEEKDAY else "LITE"
+
+
+def vacuum_needed(state: TableState, retain_hours: int) -> bool:
+    """False when every file the table's data commits removed was already eligible at a completed VACUUM
+    (the newest data commit is at least ``retain_hours`` older than a VACUUM after it)."""
+    if state.last_data_commit_ms is None or state.last_vacuum_ms is None:
+        return True
+    return state.last_vacuum_ms - state.last_data_commit_ms < retain_hours * 3_600_000
+
+
 def maintenance_plan(
-    config: Any, today: dt.date, archive_retention_days: int, vacuum_retain_hours: int = MIN_VACUUM_RETAIN_HOURS
+    config: Any,
+    today: dt.date,
+    archive_retention_days: int,
+    vacuum_retain_hours: int = MIN_VACUUM_RETAIN_HOURS,
+    tables: Mapping[str, TableState] | None = None,
 ) -> list[Step]:
-    """The steps the maintenance run executes, in order (pure, so tests can check the partition bounds)."""
+    """The steps the maintenance run executes, in order (pure, so tests can check the partition bounds).
+
+    ``tables`` (:func:`table_state` of each table): what changed; without it every step runs on its whole
+    range (every closed partition, a full retention pass, a VACUUM of every table)."""
     from kdq.spark.retention import retirement_instant
     from kdq.tables import ALL_TABLES, RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
@@ -73,20 +173,112 @@ def maintenance_plan(
     if archive_retention_days < 1:
         raise ValueError(f"archive_retention_days must be >= 1, got {archive_retention_days}")
     open_from = closed_before(config, today)
-    steps = [
-        Step("optimize", RAW_ARCHIVE.name, where=f"event_hour < '{open_from:%Y-%m-%d}-00'"),
-        Step("optimize", WINDOW_COUNTS.name, where=f"window_date < DATE'{open_from:%Y-%m-%d}'"),
-        # The stream MERGEs summaries once per micro-batch as well: many small files per day.
-        Step("optimize", SUMMARIES.name, where=f"window_date < DATE'{open_from:%Y-%m-%d}'"),
-    ]
+    # The stream MERGEs summaries once per micro-batch as well: many small files per day.
+    compacted = ((RAW_ARCHIVE, f"event_hour < '{open_from:%Y-%m-%d}-00'"),
+                 (WINDOW_COUNTS, f"window_date < DATE'{open_from:%Y-%m-%d}'"),
+                 (SUMMARIES, f"window_date < DATE'{open_from:%Y-%m-%d}'"))
+    steps = []
+    for spec, everything in compacted:
+        if tables is None:
+            steps.append(Step("optimize", spec.name, where=everything))
+            continue
+        where, chosen = compaction_where(spec.partitioned_by[0], tables[spec.name].compactable, open_from)
+        skipped = None if where else "no closed partition has files added since it was compacted"
+        steps.append(Step("optimize", spec.name, where=where, partitions=chosen, skipped=skipped))
     cutoff = min(today - dt.timedelta(days=archive_retention_days), open_from)
-    steps.append(Step("retire", RAW_ARCHIVE.name, cutoff=cutoff, retire_before_ms=retirement_instant(today)))
-    steps += [Step("vacuum", spec.name, retain_hours=vacuum_retain_hours) for spec in ALL_TABLES]
+    retire = Step("retire", RAW_ARCHIVE.name, cutoff=cutoff, retire_before_ms=retirement_instant(today))
+    if tables is not None and not any(
+        (p := _partition_literal("event_hour", value)) and p[0] < f"{cutoff:%Y-%m-%d}-00"
+        for value in tables[RAW_ARCHIVE.name].partitions
+    ):
+        retire = dataclasses.replace(retire, skipped=f"no archive partition before {cutoff:%Y-%m-%d}")
+    steps.append(retire)
+    mode = vacuum_mode(today)
+    for spec in ALL_TABLES:
+        skipped = None
+        if tables is not None and mode == "LITE" and not vacuum_needed(tables[spec.name], vacuum_retain_hours):
+            skipped = f"no data commit since a VACUUM at least {vacuum_retain_hours} hours after the last one"
+        steps.append(Step("vacuum", spec.name, retain_hours=vacuum_retain_hours, mode=mode, skipped=skipped))
     return steps
 
 
+# -- reading the Delta log ----------------------------------------------------------------------------------
+
+
+def table_state(spark: Any, config: Any, spec: Any, files: bool = True) -> TableState:
+    """:class:`TableState` of ``spec``'s table from its Delta log: the latest snapshot's file list (one small
+    Spark job over the checkpoint and the commits after it; ``files``: only for a table the plan compacts or
+    retires from) and its last :data:`HISTORY_LOOKBACK` commits."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    from kdq.spark.tables import table_path
+    from kdq.spark.writers import delta_snapshot
+
+    path = table_path(config, spec)
+    partitions: frozenset[str] = frozenset()
+    compactable: frozenset[str] = frozenset()
+    if files and spec.partitioned_by:
+        min_size = int(spark.conf.get("spark.databricks.delta.optimize.minFileSize", str(DEFAULT_MIN_FILE_SIZE)))
+        snapshot_files = DataFrame(delta_snapshot(spark, path).allFiles().toDF(), spark)
+        rows = (
+            snapshot_files.groupBy(F.col("partitionValues")[spec.partitioned_by[0]].alias("value"))
+            .agg(F.sum(F.when(F.col("size") < min_size, 1).otherwise(0)).alias("small"))
+            .collect()
+        )
+        partitions = frozenset(r["value"] for r in rows if r["value"] is not None)
+        compactable = frozenset(r["value"] for r in rows if r["value"] is not None and r["small"] >= 2)
+    last_data = last_vacuum = None
+    for commit in DeltaTable.forPath(spark, path).history(HISTORY_LOOKBACK).select(
+        "operation", "operationParameters", F.unix_millis("timestamp").alias("ms")
+    ).collect():  # newest first
+        millis = int(commit["ms"])
+        if commit["operation"] == "VACUUM END":
+            if (commit["operationParameters"] or {}).get("status", "COMPLETED") == "COMPLETED" and last_vacuum is None:
+                last_vacuum = millis
+        elif commit["operation"] != "VACUUM START":
+            last_data = millis
+            break
+    return TableState(partitions, compactable, last_data, last_vacuum)
+
+
+# -- the side effects ---------------------------------------------------------------------------------------
+
+
+def _optimize_result(rows: list[Any], step: Step) -> dict:
+    metrics = rows[0]["metrics"] if rows else None
+    return {
+        "partitions": list(step.partitions) if step.partitions else "every closed partition",
+        "files_removed": int(metrics["numFilesRemoved"]) if metrics else 0,
+        "files_added": int(metrics["numFilesAdded"]) if metrics else 0,
+    }
+
+
+def _vacuum(spark: Any, config: Any, spec: Any, step: Step) -> dict:
+    """VACUUM LITE/FULL through the table's name in this session's catalog (registered here by location, as
+    :func:`kdq.spark.tables.register_tables` does): no path in the SQL text."""
+    from kdq.spark.tables import qualified_name, table_path
+
+    name = qualified_name(config, spec)
+    if not spark.catalog.tableExists(name):
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {config.spark.database}")
+        spark.catalog.createTable(name, path=table_path(config, spec), source="delta")
+    mode = step.mode
+    try:
+        spark.sql(f"VACUUM {name} {mode} RETAIN {int(step.retain_hours)} HOURS").collect()
+    except Exception as exc:  # e.g. DELTA_CANNOT_VACUUM_LITE: the log since the last VACUUM was cleaned up
+        if mode != "LITE":
+            raise
+        log.warning("VACUUM LITE of %s not possible (%s): a FULL one instead", spec.name, str(exc).splitlines()[0])
+        mode = "FULL"
+        spark.sql(f"VACUUM {name} FULL RETAIN {int(step.retain_hours)} HOURS").collect()
+    return {"vacuumed": mode}
+
+
 def run_step(spark: Any, config: Any, step: Step) -> Any:
-    """Execute one step; returns what it reports (collected rows, or the retention summary)."""
+    """Execute one step; returns what it reports (what was compacted or vacuumed, the retention summary,
+    or why the step was skipped)."""
     from delta.tables import DeltaTable
 
     from kdq.spark.batch_layer import stream_caught_up
@@ -94,13 +286,14 @@ def run_step(spark: Any, config: Any, step: Step) -> Any:
     from kdq.spark.tables import table_path
     from kdq.tables import ALL_TABLES
 
+    if step.skipped:
+        return {"skipped": step.skipped}
     spec = next(s for s in ALL_TABLES if s.name == step.table)
-    table = DeltaTable.forPath(spark, table_path(config, spec))
     if step.action == "optimize":
-        return [row.asDict(recursive=True) for row in table.optimize().where(step.where).executeCompaction().collect()]
+        table = DeltaTable.forPath(spark, table_path(config, spec))
+        return _optimize_result(table.optimize().where(step.where).executeCompaction().collect(), step)
     if step.action == "vacuum":
-        table.vacuum(float(step.retain_hours))
-        return "vacuumed"
+        return _vacuum(spark, config, spec, step)
     if stream_caught_up(spark, config, step.retire_before_ms) is False:
         from kdq.writers_journal import WAITS
 
@@ -116,13 +309,19 @@ def run_step(spark: Any, config: Any, step: Step) -> Any:
 def run_maintenance(
     spark: Any, config: Any, archive_retention_days: int, vacuum_retain_hours: int, today: dt.date
 ) -> MaintenanceReport:
-    """Run the plan's steps in ``spark``; returns what each did (spark_jobs/maintenance.py prints it)."""
+    """Run the plan's steps in ``spark``; returns what each did or why it was skipped (spark_jobs/maintenance.py
+    prints it)."""
     from kdq.spark.tables import ensure_tables
+    from kdq.tables import ALL_TABLES, RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
-    steps = maintenance_plan(config, today, archive_retention_days, vacuum_retain_hours)
     ensure_tables(spark, config)
+    planned = {RAW_ARCHIVE.name, WINDOW_COUNTS.name, SUMMARIES.name}
+    tables = {spec.name: table_state(spark, config, spec, files=spec.name in planned) for spec in ALL_TABLES}
+    steps = maintenance_plan(config, today, archive_retention_days, vacuum_retain_hours, tables)
     results = {}
     for step in steps:
-        log.info("maintenance: %s", step.describe())
+        log.info("maintenance: %s%s", step.describe(), f" skipped: {step.skipped}" if step.skipped else "")
         results[step.describe()] = run_step(spark, config, step)
-    return MaintenanceReport(today=today.isoformat(), steps=len(steps), results=results)
+    return MaintenanceReport(
+        today=today.isoformat(), steps=len(steps), skipped=sum(1 for s in steps if s.skipped), results=results
+    )

@@ -52,12 +52,38 @@ def package_zip(config: Config) -> Path:
     return target
 
 
+# Jobs that must stay in the background (issue 25): the daily maintenance runs beside the stream and the SQL
+# endpoint and may take its time, so it gets one core (spark.cores.max on a cluster, local[1] on this machine)
+# and a lower CPU priority (nice) for its driver, which in local mode also runs its tasks.
+BACKGROUND_JOBS = {"maintenance": 1}  # job -> its cores
+BACKGROUND_NICENESS = 10
+
+
 def cores_max(config: Config, job: str) -> int:
-    """The core cap of ``job``'s application (its ``spark.cores.max``; 0: none). Only the long-running ones have
+    """The core cap of ``job``'s application (its ``spark.cores.max``; 0: none). The long-running ones have
     one (``spark.stream_cores_max``, ``spark.sql_endpoint_cores_max``): a standalone application takes every free
     core by default and the stream and the SQL endpoint never give theirs back, so without a cap the batch jobs
-    would wait for them. The compose deployment sets the stream's (docs/cluster.md)."""
-    return {"stream_counts": config.spark.stream_cores_max, "sql_endpoint": config.spark.sql_endpoint_cores_max}.get(job, 0)
+    would wait for them. The compose deployment sets the stream's (docs/cluster.md). The background jobs
+    (:data:`BACKGROUND_JOBS`) have theirs so that they never take the cores the other two need."""
+    caps = {"stream_counts": config.spark.stream_cores_max, "sql_endpoint": config.spark.sql_endpoint_cores_max}
+    return caps.get(job, BACKGROUND_JOBS.get(job, 0))
+
+
+def capped_master(master: str, job: str) -> str:
+    """``master`` for ``job``: a local master (``local[2]``, ``local[*]``) becomes ``local[<cores>]`` for a
+    background job (``spark.cores.max`` does not limit local mode); any other master is unchanged."""
+    cores = BACKGROUND_JOBS.get(job)
+    if cores and master.split("[", 1)[0] == "local":
+        return f"local[{cores}]"
+    return master
+
+
+def priority_prefix(job: str) -> list[str]:
+    """What the spark-submit command line of ``job`` starts with: ``nice -n 10`` for a background job (its
+    driver JVM and, in local mode, its tasks at a lower CPU priority than the stream's), else nothing."""
+    if job in BACKGROUND_JOBS and shutil.which("nice"):
+        return ["nice", "-n", str(BACKGROUND_NICENESS)]
+    return []
 
 
 # The keys whose values are secrets (S3 keys, passwords, tokens, Azure account keys, private keys): Spark's own
@@ -113,7 +139,7 @@ def process_marker(config: Config, job: str) -> str:
 
 def submission(config: Config, job: str, app_name: str | None = None) -> Submission:
     conf = submission_conf(config, job, app_name)
-    master = config.spark_master()
+    master = capped_master(config.spark_master(), job)
     secrets = {key: conf.pop(key) for key in sorted(conf) if SECRET_KEY.search(key)}
     return Submission(
         master=master,
@@ -156,7 +182,7 @@ def _escape(text: str) -> str:
 
 def submit_command(config: Config, job: str, job_args: list[str], app_name: str | None = None) -> list[str]:
     parts = submission(config, job, app_name)
-    command = [spark_submit_binary(), "--master", parts.master, "--name", parts.name]
+    command = [*priority_prefix(job), spark_submit_binary(), "--master", parts.master, "--name", parts.name]
     if parts.jars:
         command += ["--jars", parts.jars]
     if parts.py_files:

@@ -1,0 +1,108 @@
+"""Issue 25: the daily maintenance does work proportional to what changed. The plan (pure) from what the Delta
+log says of each table (:class:`kdq.spark.maintenance.TableState`): OPTIMIZE names exactly the closed partitions
+with files added since their compaction, nothing when there are none; retention only with archive partitions
+before its cutoff; VACUUM LITE unless the table's last data commit was vacuumed at least the retention later,
+FULL once a week."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from kdq.spark.maintenance import TableState, compaction_where, maintenance_plan, vacuum_needed
+from kdq.tables import ALL_TABLES
+from tests.conftest import make_config
+
+TODAY = dt.date(2026, 11, 24)  # a Tuesday
+HOUR_MS = 3_600_000
+
+
+def _tables(**states: TableState) -> dict[str, TableState]:
+    return {spec.name: states.get(spec.name, TableState()) for spec in ALL_TABLES}
+
+
+def test_compaction_names_exactly_the_closed_partitions_with_new_files() -> None:
+    where, chosen = compaction_where("window_date", {"2026-11-24", "2026-11-20", "2026-11-23"}, TODAY)
+    assert where == "window_date IN (DATE'2026-11-20', DATE'2026-11-23')" and chosen == ("2026-11-20", "2026-11-23")
+    where, chosen = compaction_where("event_hour", {"2026-11-23-23", "2026-11-24-00", "2026-11-23-02"}, TODAY)
+    assert where == "event_hour IN ('2026-11-23-02', '2026-11-23-23')"
+    assert compaction_where("window_date", {"2026-11-24"}, TODAY) == (None, ())  # only today's: open
+    assert compaction_where("event_hour", set(), TODAY) == (None, ())
+
+
+def test_only_reformatted_dates_and_hours_reach_the_sql() -> None:
+    """Partition values come from the log (data): anything that is not a date or an hour kdq writes is left
+    out, never quoted into the predicate."""
+    hostile = {"2026-11-20') OR (1=1", "x' OR '1'='1", "2026-11-2", "__HIVE_DEFAULT_PARTITION__", "2026-11-20-3"}
+    assert compaction_where("event_hour", hostile | {"2026-11-20-03"}, TODAY)[0] == "event_hour IN ('2026-11-20-03')"
+    assert compaction_where("window_date", hostile, TODAY) == (None, ())
+
+
+def test_nothing_changed_plans_no_work(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    vacuumed = TableState(last_data_commit_ms=0, last_vacuum_ms=200 * HOUR_MS)
+    tables = {spec.name: TableState(partitions=frozenset({"2026-11-23-05"} if spec.name == "raw_archive" else set()),
+                                    last_data_commit_ms=vacuumed.last_data_commit_ms,
+                                    last_vacuum_ms=vacuumed.last_vacuum_ms) for spec in ALL_TABLES}
+    steps = maintenance_plan(config, TODAY, 30, tables=tables)
+    assert len(steps) == len(maintenance_plan(config, TODAY, 30))  # the same steps, every one skipped
+    assert all(step.skipped for step in steps), [s for s in steps if not s.skipped]
+    reasons = {s.action: s.skipped for s in steps}
+    assert reasons["optimize"] == "no closed partition has files added since it was compacted"
+    assert reasons["retire"] == "no archive partition before 2026-10-25"
+    assert reasons["vacuum"].startswith("no data commit since a VACUUM")
+
+
+def test_a_change_plans_work_only_where_it_is(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    tables = _tables(
+        raw_archive=TableState(partitions=frozenset({"2026-10-01-07", "2026-11-23-05", "2026-11-24-01"}),
+                               compactable=frozenset({"2026-11-23-05", "2026-11-24-01"})),
+        window_counts=TableState(compactable=frozenset({"2026-11-24"})),  # today's only: open
+    )
+    steps = {(s.action, s.table): s for s in maintenance_plan(config, TODAY, 30, tables=tables)}
+    archive = steps[("optimize", "raw_archive")]
+    assert not archive.skipped and archive.where == "event_hour IN ('2026-11-23-05')"
+    assert archive.describe() == "OPTIMIZE raw_archive WHERE event_hour IN ('2026-11-23-05')"
+    assert steps[("optimize", "window_counts")].skipped and steps[("optimize", "summaries")].skipped
+    assert not steps[("retire", "raw_archive")].skipped  # 2026-10-01 is before the cutoff
+    # No history known (a table never vacuumed): VACUUM LITE.
+    vacuum = steps[("vacuum", "corrections")]
+    assert (vacuum.skipped, vacuum.mode) == (None, "LITE")
+    assert vacuum.describe() == "VACUUM corrections LITE RETAIN 168 HOURS"
+
+
+def test_an_hour_written_before_the_last_runs_optimize_is_still_compacted(tmp_path: Path) -> None:
+    """The hours 00-02 of yesterday were open when yesterday's run compacted at 03:00 and got no file since:
+    they still hold their micro-batches' files, so they are compactable now (a log read of the commits since the
+    last OPTIMIZE would miss them)."""
+    config = make_config(tmp_path)
+    tables = _tables(raw_archive=TableState(partitions=frozenset({"2026-11-23-00", "2026-11-23-01"}),
+                                            compactable=frozenset({"2026-11-23-00", "2026-11-23-01"})))
+    [step] = [s for s in maintenance_plan(config, TODAY, 30, tables=tables) if s.table == "raw_archive" and s.action == "optimize"]
+    assert step.partitions == ("2026-11-23-00", "2026-11-23-01")
+
+
+def test_vacuum_is_skipped_only_when_every_removed_file_was_already_eligible() -> None:
+    assert vacuum_needed(TableState(), 168)  # nothing known
+    assert vacuum_needed(TableState(last_data_commit_ms=0), 168)  # never vacuumed
+    assert vacuum_needed(TableState(last_data_commit_ms=0, last_vacuum_ms=167 * HOUR_MS), 168)
+    assert not vacuum_needed(TableState(last_data_commit_ms=0, last_vacuum_ms=168 * HOUR_MS), 168)
+
+
+def test_a_weekly_full_vacuum_is_never_skipped(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    sunday = dt.date(2026, 11, 29)
+    quiet = {spec.name: TableState(last_data_commit_ms=0, last_vacuum_ms=500 * HOUR_MS) for spec in ALL_TABLES}
+    vacuums = [s for s in maintenance_plan(config, sunday, 30, tables=quiet) if s.action == "vacuum"]
+    assert {(s.mode, s.skipped) for s in vacuums} == {("FULL", None)}
+
+
+@pytest.mark.parametrize("lateness_days", [2])
+def test_a_lateness_over_a_day_keeps_changed_partitions_open(tmp_path: Path, lateness_days: int) -> None:
+    config = make_config(tmp_path, stream={"allowed_lateness_seconds": lateness_days * 86400})
+    tables = _tables(window_counts=TableState(compactable=frozenset({"2026-11-22", "2026-11-23"})))
+    [step] = [s for s in maintenance_plan(config, TODAY, 30, tables=tables) if s.table == "window_counts" and s.action == "optimize"]
+    assert step.where == "window_date IN (DATE'2026-11-22')"
