@@ -102,6 +102,7 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="default: kafka.max_offsets_per_trigger")
     p.add_argument("--shuffle-partitions", type=int, default=None, help="default: spark.shuffle_partitions")
     p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf for the stream")
+    p.add_argument("--spark-master", help="spark.master of the stream (default: the config's, local[2] here)")
     p.add_argument(
         "--kafka-client", action="append", default=[], metavar="KEY=VALUE",
         help="extra Kafka consumer setting of the stream's source (kafka.client), e.g. fetch.max.bytes=67108864",
@@ -363,6 +364,8 @@ def speed_phase(
     if args.event_log:
         (work / "eventlog").mkdir(exist_ok=True)
         overrides_spark["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(work / "eventlog")})
+    if args.spark_master:
+        overrides_spark["master"] = args.spark_master
     spark_cluster = getattr(stack, "spark", None)
     if spark_cluster is not None:
         # The cluster shape (benchmarks.cluster): the stream is submitted to its standalone master.

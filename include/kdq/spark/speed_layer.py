@@ -261,9 +261,12 @@ class SpeedLayer:
 
     # -- one micro-batch -----------------------------------------------------------
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        before_started = time.monotonic()
         batch = self._before_batch(batch, batch_id)  # issue 13: progress for the supervisor, quarantine, test faults
         started = time.monotonic()
-        timings: dict[str, int] = {}
+        # "before": the batch's bookkeeping ahead of its work; mostly the archive's Delta snapshot update (the txn
+        # check), which the archive append would otherwise pay (benchmarks/PERF_NOTES.md, issue 24, fourth pass).
+        timings: dict[str, int] = {"before": int((started - before_started) * 1000)}
 
         def lap(name: str, since: list[float] = [started]) -> None:  # noqa: B006 - a per-call stopwatch
             now = time.monotonic()

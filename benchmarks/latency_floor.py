@@ -1,0 +1,175 @@
+"""The floor of produce → visible latency in the speed layer's shape, one stage at a time (issue 24: "run the
+experiment that would refute the ceiling").
+
+    .venv/bin/python -m benchmarks.latency_floor [--rate 5000] [--seconds 60] [--trigger 0.5]
+
+Starts its own broker on free ports and, per variant, a Structured Streaming query on a local[2] session (the
+stream's Spark settings) over 4 topics × 3 partitions fed at ``--rate`` msgs/s of the `make bench` 1 KB orders
+JSON (key = produce time in ms, as the benchmark's latency phase). Each micro-batch is classified as the speed
+layer does (``transforms.classify``) and then:
+
+* ``count``: its per-window counts collected to the driver (Structured Streaming + classification, no Delta);
+* ``merge``: the counts MERGEd into a ``window_counts`` table with the speed layer's own writer
+  (``merge_window_increments``, its idempotent guard, the small-query session);
+* ``archive_merge``: the speed layer's first write before it: the classified records appended to a partitioned
+  Delta archive, the counts an observed metric of that write (the stream's one pass), then the MERGE.
+
+A record is visible when its batch's last step returned (the MERGE committed, for the Delta variants). Prints
+p50/p95/p99 per variant and the mean batch duration; nothing is saved (figures go to PERF_NOTES by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from benchmarks import workload
+from benchmarks.__main__ import PROJECT, make_config
+from benchmarks.measure import weighted_percentiles
+
+VARIANTS = ("count", "merge", "archive_merge")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rate", type=int, default=5000)
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--warmup", type=float, default=20, help="seconds of traffic before the measured ones")
+    p.add_argument("--trigger", type=float, default=0.5, help="processing-time trigger, seconds (0: as fast as possible)")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf")
+    args = p.parse_args(argv)
+
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    from kdq.rules import load_rules
+    from kdq.spark import transforms
+    from kdq.spark.session import build_session, small_query_session
+    from kdq.spark.tables import ensure_tables
+    from kdq.spark.writers import append_archive, merge_window_increments
+    from kdq.stack.manager import LocalStack
+
+    work = Path(tempfile.mkdtemp(prefix="kdq-latency-floor-"))
+    rules_dir = work / "rules"
+    rules_dir.mkdir()
+    shutil.copy(PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE, rules_dir / workload.ORDERS_SCHEMA_FILE)
+    (rules_dir / "topics.toml").write_text(f"[[topic]]\nmatch = 're:lfloor-.*'\nschema = \"{workload.ORDERS_SCHEMA_FILE}\"\n")
+    stack = LocalStack(make_config(work / "stack", rules_dir))
+    spark = None
+    try:
+        stack.up()
+        bootstrap = stack.config.kafka_bootstrap()
+        spark = None
+        rules = load_rules(rules_dir)
+        results = []
+
+        def measure(variant: str) -> str:
+            nonlocal spark
+            config = make_config(
+                work / variant, rules_dir, kafka={"bootstrap_servers": bootstrap},
+                spark={"conf": dict(item.split("=", 1) for item in args.conf)},
+            )
+            if spark is None:
+                spark = build_session(config, app_name="kdq-latency-floor")
+            ensure_tables(spark, config)
+            small = small_query_session(spark)
+            stream = config.stream
+            topics = [f"lfloor-{variant}-{i}" for i in range(4)]
+            for topic in topics:
+                stack.kafka.create_topic(topic, partitions=3)
+            app_id = f"floor-{uuid.uuid4()}"
+            pairs: list[tuple[float, int]] = []
+            durations: list[float] = []
+            lock = threading.Lock()
+            measured_from_ms = 1 << 62  # set when the producer starts
+
+            def batch(df, batch_id: int) -> None:
+                started = time.time()
+                ingest = int(started * 1000)
+                classified = transforms.mark_late(transforms.classify(df, rules, stream, ingest), {}, stream)
+                keyed = classified.withColumn("produced_ms", F.col("key").cast("string").cast("bigint"))
+                group = ["topic", F.unix_millis("window_start").alias("window_start_ms"), "valid", "produced_ms"]
+                if variant == "archive_merge":
+                    observation = Observation(f"floor_{batch_id}_{uuid.uuid4().hex[:6]}")
+                    observed = keyed.observe(observation, F.collect_list(F.struct(
+                        "topic", F.unix_millis("window_start").alias("window_start_ms"), "valid", "produced_ms",
+                    )).alias("rows"))
+                    append_archive(observed.drop("produced_ms"), config, app_id, batch_id, batch_id, "stream")
+                    rows = [r.asDict() for r in observation.get["rows"]]
+                    counted: dict = {}
+                    for r in rows:
+                        k = (r["topic"], r["window_start_ms"], r["valid"], r["produced_ms"])
+                        counted[k] = counted.get(k, 0) + 1
+                    agg = [{"topic": k[0], "window_start_ms": k[1], "valid": k[2], "produced_ms": k[3], "count": n}
+                           for k, n in counted.items()]
+                else:
+                    agg = [r.asDict() for r in keyed.groupBy(*group).agg(F.count(F.lit(1)).alias("count")).collect()]
+                if variant != "count":
+                    windows: dict = {}
+                    for r in agg:
+                        k = (r["topic"], int(r["window_start_ms"]), "valid" if r["valid"] else "invalid")
+                        windows[k] = windows.get(k, 0) + int(r["count"])
+                    increments = [{"topic": t, "window_start_ms": w, "status": s, "count": n, "rules_version": "floor"}
+                                  for (t, w, s), n in windows.items()]
+                    merge_window_increments(small, increments, config, app_id, batch_id)
+                done = time.time()
+                with lock:
+                    # Records produced during the warm-up (the first batches with data compile the classification
+                    # and the write path: seconds) are left out, as the benchmark's latency phase follows a catch-up.
+                    pairs.extend(
+                        (done - int(r["produced_ms"]) / 1000.0, int(r["count"])) for r in agg
+                        if int(r["produced_ms"]) >= measured_from_ms
+                    )
+                    if started * 1000 >= measured_from_ms:
+                        durations.append(done - started)
+
+            query = (
+                spark.readStream.format("kafka").options(**config.spark_kafka_options())
+                .option("subscribe", ",".join(topics)).option("startingOffsets", "earliest").load()
+                .coalesce(spark.sparkContext.defaultParallelism)
+                .writeStream.option("checkpointLocation", str(work / variant / "checkpoint"))
+                .foreachBatch(batch)
+                .trigger(processingTime=f"{args.trigger} seconds")
+                .start()
+            )
+            try:
+                proc, out = workload.start_rate_producer(
+                    bootstrap, topics, workload.Workload(messages=0), args.rate, args.warmup + args.seconds
+                )
+                measured_from_ms = int((time.time() + args.warmup) * 1000)
+                produced = out.get(timeout=args.warmup + args.seconds + 120)
+                proc.join(30)
+                time.sleep(2 * args.trigger + 15)  # the last records' batch (counts below say if any were missed)
+            finally:
+                query.stop()
+            with lock:
+                seen = sum(n for _, n in pairs)
+                sent = produced["sent"]
+                q = weighted_percentiles(pairs, (50, 95, 99, 100)) if pairs else {}
+                mean = sum(durations) / len(durations) if durations else 0.0
+                longest = max(durations, default=0.0)
+            line = (f"{variant:14s} {seen:,} records measured ({sent:,} sent)  batches {len(durations)} (mean {mean:.2f} s, "
+                    f"longest {longest:.2f} s)  "
+                    + "  ".join(f"p{k} {v:.2f} s" for k, v in q.items()))
+            print(line, flush=True)
+            return line
+
+        for variant in args.variants.split(","):
+            results.append(measure(variant))
+        print("\n".join(["", f"rate {args.rate:,} msgs/s, {args.seconds:.0f} s, trigger {args.trigger} s"] + results))
+        return 0
+    finally:
+        if spark is not None:
+            spark.stop()
+        stack.down()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
