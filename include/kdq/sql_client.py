@@ -1,4 +1,5 @@
-"""Spark Connect sessions to kdq's SQL endpoint, logged in with the endpoint's password.
+"""Spark Connect sessions to kdq's SQL endpoint, logged in with the endpoint's password; and `kdq sql`'s light
+client (:class:`LightConnectClient`: one ExecutePlan call per statement, no PySpark session).
 
 The endpoint requires ``KDQ_SQL_PASSWORD`` on both protocols when it is set (:mod:`kdq.stack.sql_endpoint`):
 the Thrift server as a JDBC password, Spark Connect as its pre-shared bearer token

@@ -137,11 +137,10 @@ def test_counts_over_spark_connect_jdbc_and_kdq_sql(spark, endpoint: LocalSqlEnd
     assert running_endpoint(config) is not None
     sums = f"SELECT status, sum(count) AS n FROM kdq.window_counts WHERE topic = '{topic}' GROUP BY 1 ORDER BY 1"
     typed = f"SELECT '{topic}' AS t, array(1, 2) AS a, map('k', 1.5D) AS m, named_struct('x', NULL) AS s, DATE'2026-01-02' AS d"
-    done = subprocess.run(
-        [sys.executable, "-m", "kdq.cli", "sql", sums, typed],
-        capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT,
-        env={**CHILD_ENV, "KDQ_CONFIG": config.source},
-    )
+    # This checkout's package first (the venv's editable install may point at another worktree).
+    kdq_env = {**CHILD_ENV, "KDQ_CONFIG": config.source, "PYTHONPATH": str(PROJECT_ROOT / "include")}
+    done = subprocess.run([sys.executable, "-m", "kdq.cli", "sql", sums, typed],
+                          capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT, env=kdq_env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"through the SQL endpoint {endpoint.connect_url}" in done.stderr
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in done.stdout.splitlines() if line.startswith("|")]
@@ -149,8 +148,7 @@ def test_counts_over_spark_connect_jdbc_and_kdq_sql(spark, endpoint: LocalSqlEnd
     assert done.stdout == "".join(spark.sql(q)._jdf.showString(50, 0, False) + "\n" for q in (sums, typed))
     # A refused statement: its message on stderr, exit status 1, no traceback.
     refused = subprocess.run([sys.executable, "-m", "kdq.cli", "sql", "SELECT * FROM kdq.no_such_table"],
-                             capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT,
-                             env={**CHILD_ENV, "KDQ_CONFIG": config.source})
+                             capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT, env=kdq_env)
     assert refused.returncode == 1 and "TABLE_OR_VIEW_NOT_FOUND" in refused.stderr, refused.stderr[-3000:]
     assert "Traceback" not in refused.stderr
 
