@@ -8,7 +8,9 @@ private data folder and free loopback ports, then times the query through both p
 
 * Spark Connect: a client process (PySpark ``builder.remote``) runs it ``--runs`` times, wall clock
   per query from the client's side (the first, cold one reported apart);
-* JDBC: one beeline session runs it ``--runs`` times; beeline's own "(x seconds)" per query.
+* JDBC: one beeline session runs it ``--runs`` times; beeline's own "(x seconds)" per query;
+* ``kdq sql "<query>"``: the command a user types, ``--runs`` times, each from process start to exit (the
+  client's start-up and its printed table included), its table checked against the expected sums.
 
 ``--with-stream``: the same while the speed layer runs beside the endpoint on a local stack (Kafka,
 InfluxDB) of its own, fed by ``kdq demo`` at 200 records/s (its MERGEs commit to the same
@@ -101,6 +103,29 @@ def jdbc_timings(url: str, runs: int) -> dict:
     return {"cold_seconds": seconds[0], "seconds": seconds[1:]}
 
 
+def kdq_sql_timings(config: Config, runs: int) -> dict:
+    """Wall clock of ``kdq sql "<QUERY>"`` from process start to exit, as typed at the shell prompt (the venv's
+    ``kdq`` script, this checkout's package first on the path); the printed table of the last run is returned."""
+    env = {"PATH": f"{PROJECT / '.venv' / 'bin'}:/usr/bin:/bin", "KDQ_CONFIG": str(config.source),
+           "PYTHONPATH": str(PROJECT / "include"), "HOME": os.environ.get("HOME", "/tmp")}
+    seconds, out = [], ""
+    for _ in range(runs):
+        started = time.perf_counter()
+        done = subprocess.run([str(PROJECT / ".venv" / "bin" / "kdq"), "sql", QUERY], capture_output=True, text=True,
+                              timeout=300, env=env, cwd=PROJECT)
+        seconds.append(time.perf_counter() - started)
+        if done.returncode != 0 or "through the SQL endpoint" not in done.stderr:
+            raise RuntimeError(f"kdq sql failed or did not use the endpoint: {done.stderr[-2000:]}")
+        out = done.stdout
+    return {"seconds": seconds, "table": out}
+
+
+def table_cells(printed: str) -> list[list[str]]:
+    """The cells of a table as ``show()`` prints it (``|a|b|`` lines; the header first)."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in printed.splitlines()
+            if line.startswith("|")]
+
+
 def wait_for_stream_counts(url: str, timeout: float = 420.0) -> float:
     """Seconds until the demo topics have rows in window_counts (read over the endpoint)."""
     query = "SELECT count(*) FROM kdq.window_counts WHERE topic IN ('orders', 'payments')"
@@ -145,6 +170,7 @@ def main(argv=None) -> int:
             stream["first_counts_after_seconds"] = round(wait_for_stream_counts(endpoint.connect_url), 1)
         connect = connect_timings(endpoint.connect_url, args.runs)
         jdbc = jdbc_timings(endpoint.jdbc_url, args.runs)
+        kdq_sql = kdq_sql_timings(config, args.runs)
     finally:
         if args.with_stream:
             from kdq.stream_process import stop_stream
@@ -156,6 +182,8 @@ def main(argv=None) -> int:
         endpoint.stop()
     got = {f"{t}/{s}": n for t, s, n in connect["rows"] if t in topics}
     assert got == written["expected"], (got, written["expected"])
+    printed = {f"{t}/{s}": int(n) for t, s, n in table_cells(kdq_sql["table"])[1:] if t in topics}
+    assert printed == written["expected"], (printed, written["expected"])
     report = {
         "query": QUERY,
         "window_counts_rows": written["rows"],
@@ -168,6 +196,8 @@ def main(argv=None) -> int:
                           "seconds": [round(s, 3) for s in connect["seconds"]]},
         "jdbc_beeline": {"cold_seconds": jdbc["cold_seconds"], "median_seconds": statistics.median(jdbc["seconds"]),
                          "seconds": jdbc["seconds"]},
+        "kdq_sql": {"median_seconds": round(statistics.median(kdq_sql["seconds"]), 3),
+                    "seconds": [round(s, 3) for s in kdq_sql["seconds"]]},
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -183,6 +213,9 @@ def main(argv=None) -> int:
         f"{report['spark_connect']['median_seconds']} s |\n"
         f"| JDBC (beeline, HiveServer2) | {report['jdbc_beeline']['cold_seconds']} s | "
         f"{report['jdbc_beeline']['median_seconds']} s |\n\n"
+        f"`kdq sql \"<query>\"` from process start to exit (client start-up and printed table included), "
+        f"{args.runs} runs: median {report['kdq_sql']['median_seconds']} s "
+        f"({', '.join(f'{s} s' for s in report['kdq_sql']['seconds'])}).\n\n"
         f"Endpoint start (spark-submit to both ports open): {report['endpoint_start_seconds']} s; "
         f"1-minute load average at the end: {report['load_average_1m_at_end']}.\n"
     )

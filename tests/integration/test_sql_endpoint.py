@@ -41,6 +41,18 @@ print(json.dumps([list(r) for r in rows]))
 spark.stop()
 """
 
+# `kdq sql`'s light client (one ExecutePlan call per statement): the same password from KDQ_SQL_PASSWORD.
+LIGHT_QUERY = """
+import sys
+from kdq.sql_client import LightConnectClient, SqlError
+with LightConnectClient(sys.argv[1], timeout=120) as client:
+    try:
+        print(client.show(sys.argv[2], 5))
+    except SqlError as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        sys.exit(1)
+"""
+
 
 @pytest.fixture(scope="module")
 def endpoint(spark, spark_config: Config, spark_data_dir) -> Iterator[LocalSqlEndpoint]:
@@ -120,18 +132,25 @@ def test_counts_over_spark_connect_jdbc_and_kdq_sql(spark, endpoint: LocalSqlEnd
     tables = _connect(endpoint.connect_url, "SHOW TABLES IN kdq")
     assert {"window_counts", "raw_archive", "corrections", "invalid_reason_counts"} <= {t[1] for t in tables}
 
-    # `kdq sql` finds the endpoint through the stack state and says so on stderr.
+    # `kdq sql` finds the endpoint through the stack state and says so on stderr; its light client prints the
+    # table exactly as `show(50, truncate=False)` prints it, statement after statement.
     assert running_endpoint(config) is not None
-    done = subprocess.run(
-        [sys.executable, "-m", "kdq.cli", "sql",
-         f"SELECT status, sum(count) AS n FROM kdq.window_counts WHERE topic = '{topic}' GROUP BY 1 ORDER BY 1"],
-        capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT,
-        env={**CHILD_ENV, "KDQ_CONFIG": config.source},
-    )
+    sums = f"SELECT status, sum(count) AS n FROM kdq.window_counts WHERE topic = '{topic}' GROUP BY 1 ORDER BY 1"
+    typed = f"SELECT '{topic}' AS t, array(1, 2) AS a, map('k', 1.5D) AS m, named_struct('x', NULL) AS s, DATE'2026-01-02' AS d"
+    # This checkout's package first (the venv's editable install may point at another worktree).
+    kdq_env = {**CHILD_ENV, "KDQ_CONFIG": config.source, "PYTHONPATH": str(PROJECT_ROOT / "include")}
+    done = subprocess.run([sys.executable, "-m", "kdq.cli", "sql", sums, typed],
+                          capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT, env=kdq_env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"through the SQL endpoint {endpoint.connect_url}" in done.stderr
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in done.stdout.splitlines() if line.startswith("|")]
-    assert cells == [["status", "n"], ["invalid", "2"], ["valid", "6"]]
+    assert cells[:3] == [["status", "n"], ["invalid", "2"], ["valid", "6"]]
+    assert done.stdout == "".join(spark.sql(q)._jdf.showString(50, 0, False) + "\n" for q in (sums, typed))
+    # A refused statement: its message on stderr, exit status 1, no traceback.
+    refused = subprocess.run([sys.executable, "-m", "kdq.cli", "sql", "SELECT * FROM kdq.no_such_table"],
+                             capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT, env=kdq_env)
+    assert refused.returncode == 1 and "TABLE_OR_VIEW_NOT_FOUND" in refused.stderr, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
 
 
 @dataclass(frozen=True)
@@ -250,6 +269,16 @@ def test_both_protocols_require_the_password_and_jdbc_speaks_tls(secured_endpoin
     for wrong in (None, "wrong"):
         refused = _run_connect(secured.connect_url, query, password=wrong)
         assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr, (wrong, refused.stderr[-2000:])
+    # `kdq sql`'s light client too.
+    light = subprocess.run([sys.executable, "-c", LIGHT_QUERY, secured.connect_url, query], capture_output=True,
+                           text=True, timeout=180, cwd=PROJECT_ROOT, env=_client_env(password))
+    assert light.returncode == 0, light.stderr[-2000:]
+    assert light.stdout.splitlines()[1].replace(" ", "") == "|n|", light.stdout
+    for wrong in (None, "wrong"):
+        refused = subprocess.run([sys.executable, "-c", LIGHT_QUERY, secured.connect_url, query], capture_output=True,
+                                 text=True, timeout=180, cwd=PROJECT_ROOT, env=_client_env(wrong))
+        assert refused.returncode == 1 and "refused: UNAUTHENTICATED" in refused.stderr, (wrong, refused.stderr[-2000:])
+        assert refused.stdout == ""
     # The endpoint said how it is protected, and no password is on its command line or in its log.
     said = secured.log.read_text(errors="replace")
     assert "(password required on both, Thrift over TLS)" in said and "created a self-signed keystore" in said
@@ -393,6 +422,12 @@ def test_the_endpoint_is_read_only_over_jdbc_and_spark_connect(spark, secured_en
         assert expected in result["error"], (statement, result)
     for statement in ALLOWED_SQL:
         assert connect["allowed"][statement]["ok"], (statement, connect["allowed"][statement])
+    # `kdq sql`'s light client sends the same plans' SQL (inside a ShowString): refused alike.
+    for statement in ("DROP TABLE kdq.window_counts", "SELECT reflect('java.lang.System', 'getenv', 'HOME')"):
+        light = subprocess.run([sys.executable, "-c", LIGHT_QUERY, endpoint.connect_url, statement], capture_output=True,
+                               text=True, timeout=180, cwd=PROJECT_ROOT, env=_client_env(password))
+        assert light.returncode == 1 and f"refused: {REFUSAL}" in light.stderr, (statement, light.stderr[-2000:])
+        assert REFUSED_SQL[statement] in light.stderr, (statement, light.stderr[-2000:])
     api_expected = {
         "python udf": "a user-defined function of the client is not allowed",
         "conf.set": "setting spark.kdq.sql.readOnly is not allowed",

@@ -35,6 +35,9 @@ def test_command_binds_loopback_on_the_recorded_ports(tmp_path) -> None:
     assert command[-6:] == [
         "--host", "127.0.0.1", "--connect-port", str(endpoint.connect_port), "--thrift-port", str(endpoint.thrift_port)
     ]
+    # Client sessions default to small-query settings, over kdq's own shuffle partitions (once on the command line).
+    assert (confs["spark.sql.adaptive.enabled"], confs["spark.sql.shuffle.partitions"]) == ("false", "1")
+    assert sum(part.startswith("spark.sql.shuffle.partitions=") for part in command) == 1
     # No password in the environment: no authentication conf (the compose deployment sets KDQ_SQL_PASSWORD).
     assert "spark.hadoop.hive.server2.authentication" not in confs
 

@@ -29,6 +29,14 @@ ENDPOINT_CONF = {
     # Thrift server copies its HiveConf, TLS keystore password and all, into each session); the read-only rule
     # refuses turning it back on.
     "spark.sql.variable.substitute": "false",
+    # Every client session's defaults: small queries. A day's GROUP BY over window_counts ran 5 Spark jobs with
+    # adaptive execution and kdq's 4 shuffle partitions (9-10 when the stream had committed since the last query:
+    # Delta's log replay runs under the same settings), 2 (4) without it and with one partition: no re-planning
+    # stage per shuffle, no sampling job for an ORDER BY's range partitioning. Median of 30 interleaved queries in one
+    # driver beside the stream: 0.58 s → 0.42 s (two partitions: 0.38 s, within the noise, one job more); the
+    # endpoint's figures are in benchmarks/results/sql_endpoint_with_stream.md. A client may SET them back.
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.shuffle.partitions": "1",
 }
 
 # Set in the endpoint's environment, it turns on the Thrift server's password (user: KDQ_SQL_USER, read by
