@@ -35,6 +35,10 @@ from benchmarks.measure import weighted_percentiles
 VARIANTS = ("count", "merge", "archive_merge")
 
 
+def mean_ms(durations: list[float]) -> float:
+    return 1000 * sum(durations) / len(durations) if durations else 0.0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", type=int, default=5000)
@@ -146,6 +150,12 @@ def main(argv=None) -> int:
                 produced = out.get(timeout=args.warmup + args.seconds + 120)
                 proc.join(30)
                 time.sleep(2 * args.trigger + 15)  # the last records' batch (counts below say if any were missed)
+                # The slow batches, with Spark's own breakdown of their time (where the tail comes from).
+                for progress in query.recentProgress:
+                    took = int(progress.durationMs.get("triggerExecution", 0))
+                    if took > 3 * max(mean_ms(durations), 100):
+                        print(f"  slow batch {progress.batchId}: {took} ms, {progress.numInputRows} rows, "
+                              f"{dict(progress.durationMs)}", flush=True)
             finally:
                 query.stop()
             with lock:
