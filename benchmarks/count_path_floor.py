@@ -48,6 +48,17 @@ def jvm_cpu_seconds() -> float:
     return total
 
 
+def orders_rules(work: Path, topic_prefix: str) -> Path:
+    """A rules folder in ``work``: the `make bench` orders schema for every topic starting with ``topic_prefix``."""
+    rules_dir = work / "rules"
+    rules_dir.mkdir()
+    shutil.copy(PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE, rules_dir / workload.ORDERS_SCHEMA_FILE)
+    (rules_dir / "topics.toml").write_text(
+        f"[[topic]]\nmatch = 're:{topic_prefix}.*'\nschema = \"{workload.ORDERS_SCHEMA_FILE}\"\n"
+    )
+    return rules_dir
+
+
 def interleaved(names: list[str], run, rows: int, repeat: int, unit: str = "record") -> None:
     """Run each variant ``repeat`` times, interleaved (each sees the same machine), checking it handled ``rows``;
     print wall time, rate and the driver JVM's CPU time per row."""
@@ -82,10 +93,7 @@ def main(argv=None) -> int:
     from kdq.tables import RAW_ARCHIVE
 
     work = Path(tempfile.mkdtemp(prefix="kdq-floor-"))
-    rules_dir = work / "rules"
-    rules_dir.mkdir()
-    shutil.copy(PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE, rules_dir / workload.ORDERS_SCHEMA_FILE)
-    (rules_dir / "topics.toml").write_text(f"[[topic]]\nmatch = 're:floor-.*'\nschema = \"{workload.ORDERS_SCHEMA_FILE}\"\n")
+    rules_dir = orders_rules(work, "floor-")
     stack = LocalStack(make_config(work / "stack", rules_dir))
     spark = None
     try:

@@ -29,7 +29,8 @@ import uuid
 from pathlib import Path
 
 from benchmarks import workload
-from benchmarks.__main__ import PROJECT, make_config
+from benchmarks.__main__ import make_config
+from benchmarks.count_path_floor import orders_rules
 from benchmarks.measure import weighted_percentiles
 
 VARIANTS = ("count", "merge", "archive_merge")
@@ -60,16 +61,12 @@ def main(argv=None) -> int:
     from kdq.stack.manager import LocalStack
 
     work = Path(tempfile.mkdtemp(prefix="kdq-latency-floor-"))
-    rules_dir = work / "rules"
-    rules_dir.mkdir()
-    shutil.copy(PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE, rules_dir / workload.ORDERS_SCHEMA_FILE)
-    (rules_dir / "topics.toml").write_text(f"[[topic]]\nmatch = 're:lfloor-.*'\nschema = \"{workload.ORDERS_SCHEMA_FILE}\"\n")
+    rules_dir = orders_rules(work, "lfloor-")
     stack = LocalStack(make_config(work / "stack", rules_dir))
     spark = None
     try:
         stack.up()
         bootstrap = stack.config.kafka_bootstrap()
-        spark = None
         rules = load_rules(rules_dir)
         results = []
 
