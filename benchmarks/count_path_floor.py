@@ -59,6 +59,15 @@ def orders_rules(work: Path, topic_prefix: str) -> Path:
     return rules_dir
 
 
+def floor_stack(work_prefix: str, topic_prefix: str):
+    """A new work folder, its orders rules folder (:func:`orders_rules`) and a local stack (not started) on it."""
+    from kdq.stack.manager import LocalStack
+
+    work = Path(tempfile.mkdtemp(prefix=work_prefix))
+    rules_dir = orders_rules(work, topic_prefix)
+    return work, rules_dir, LocalStack(make_config(work / "stack", rules_dir))
+
+
 def interleaved(names: list[str], run, rows: int, repeat: int, unit: str = "record") -> None:
     """Run each variant ``repeat`` times, interleaved (each sees the same machine), checking it handled ``rows``;
     print wall time, rate and the driver JVM's CPU time per row."""
@@ -89,12 +98,9 @@ def main(argv=None) -> int:
     from kdq.rules import load_rules
     from kdq.spark import transforms
     from kdq.spark.session import build_session
-    from kdq.stack.manager import LocalStack
     from kdq.tables import RAW_ARCHIVE
 
-    work = Path(tempfile.mkdtemp(prefix="kdq-floor-"))
-    rules_dir = orders_rules(work, "floor-")
-    stack = LocalStack(make_config(work / "stack", rules_dir))
+    work, rules_dir, stack = floor_stack("kdq-floor-", "floor-")
     spark = None
     try:
         stack.up()

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 
 from benchmarks import workload
 from benchmarks.__main__ import make_config
-from benchmarks.count_path_floor import orders_rules
+from benchmarks.count_path_floor import floor_stack
 from benchmarks.measure import weighted_percentiles
 
 VARIANTS = ("count", "merge", "archive_merge")
@@ -58,11 +56,8 @@ def main(argv=None) -> int:
     from kdq.spark.session import build_session, small_query_session
     from kdq.spark.tables import ensure_tables
     from kdq.spark.writers import append_archive, merge_window_increments
-    from kdq.stack.manager import LocalStack
 
-    work = Path(tempfile.mkdtemp(prefix="kdq-latency-floor-"))
-    rules_dir = orders_rules(work, "lfloor-")
-    stack = LocalStack(make_config(work / "stack", rules_dir))
+    work, rules_dir, stack = floor_stack("kdq-latency-floor-", "lfloor-")
     spark = None
     try:
         stack.up()
