@@ -127,7 +127,7 @@ def _overview(model: PageModel) -> str:
         name = escape(topic.topic)
         rows.append(
             f'<tr data-topic="{name}" data-row="overview"><td><a href="#topic-{name}">{name}</a></td>'
-            f"{_totals_row(topic, not model.sql_error)}"
+            f"{_totals_row(topic, _counted(model))}"
             f'<td class="n" data-field="consumer-lag">{_num(topic.health.consumer_lag)}</td>'
             f'<td class="n" data-field="late-rows-hour">{topic.health.late_rows_hour}</td></tr>'
         )
@@ -196,7 +196,7 @@ def _topic_section(topic: TopicView, counted: bool) -> str:
         f'<tr data-topic="{name}" data-row="totals-values">{_totals_row(topic, counted)}</tr></table>'
     )
     if not counted:
-        unavailable = '<p class="muted">Not available without the SQL endpoint (see above).</p>'
+        unavailable = '<p class="muted">Not available yet (see above).</p>'
         return (
             f'<section class="topic" id="topic-{name}" data-topic="{name}"><h2>{name}</h2>{totals}'
             f"<h3>Stream health</h3>{health}<h3>Top invalid reasons</h3>{unavailable}"
@@ -294,23 +294,48 @@ def _dag_runs(runs: tuple[DagRunLink, ...], dag_ids: tuple[str, ...]) -> str:
     return f"<p>DAGs: {links}</p><table><tr><th>DAG</th><th>run</th><th>state</th><th>run after</th></tr>{rows}</table>"
 
 
-REFRESH_SECONDS = 10.0
+REFRESH_SECONDS = 5.0
+CATCH_UP_SECONDS = 0.5  # the next look while the numbers shown are not fresh yet
 
 
-def _refresh_script(seconds: float) -> str:
+def _counted(model: PageModel) -> bool:
+    """Whether the counts were read: without an answer they are unknown ("—"), never 0."""
+    return not model.sql_error and model.numbers != "none"
+
+
+def _refresh_script(seconds: float, catch_up_seconds: float = CATCH_UP_SECONDS) -> str:
     """The page refreshes itself in place: it fetches itself and swaps its body (no reload of the Airflow UI's
-    frame, the scroll position kept), one request at a time, ``seconds`` after the previous one finished. The
-    script sits in the head, so the swap leaves it running; a failed fetch keeps the numbers shown (their
-    "As of" says how old they are) and tries again."""
+    frame, the scroll position kept), one request at a time, ``seconds`` after the previous one finished, or
+    ``catch_up_seconds`` while the body says its numbers are not fresh (``data-numbers``: the server answers
+    at once with what it has and renews it in the background). ``window.kdqNumbersAt``: milliseconds from the
+    page's navigation to its first fresh numbers (the browser test reads it). The script sits in the head, so the swap
+    leaves it running; a failed fetch keeps the numbers shown (their "as of" says how old they are) and
+    tries again."""
     body = (
+        "function fresh(){return !!document.body&&document.body.dataset.numbers==='fresh';}"
+        "function next(){if(fresh()&&window.kdqNumbersAt===undefined){window.kdqNumbersAt=performance.now();}"
+        "return fresh()?every:soon;}"
         "async function refresh(){try{"
         "const r=await fetch(location.href,{cache:'no-store',credentials:'same-origin'});"
         "if(r.ok){const doc=new DOMParser().parseFromString(await r.text(),'text/html');"
         "if(doc.querySelector('[data-field=\"as-of\"]')){const y=window.scrollY;document.body.replaceWith(doc.body);"
-        "window.scrollTo(0,y);}}}catch(e){}setTimeout(refresh,every);}"
-        "setTimeout(refresh,every);"
+        "window.scrollTo(0,y);}}}catch(e){}setTimeout(refresh,next());}"
+        "document.addEventListener('DOMContentLoaded',function(){"
+        "const n=document.querySelector('[data-field=\"numbers-state\"]');"
+        "window.kdqFirstNumbers=[document.body.dataset.numbers,n?n.textContent:null];setTimeout(refresh,next());});"
     )
-    return f"(function(){{const every={int(seconds * 1000)};{body}}})();"
+    return f"(function(){{const every={int(seconds * 1000)},soon={int(catch_up_seconds * 1000)};{body}}})();"
+
+
+def _numbers_note(model: PageModel) -> str:
+    """How current the numbers are: the page shows what the server has at once and renews it."""
+    if model.numbers == "none":
+        return ' <span data-field="numbers-state">Asking the SQL endpoint for the numbers…</span>'
+    age = ""
+    if model.numbers_ms is not None and model.now_ms is not None:
+        age = f" {max(0.0, (model.now_ms - model.numbers_ms) / 1000):.0f} s ago"
+    word = "current" if model.numbers == "fresh" else "updating"
+    return f' <span data-field="numbers-state">Numbers {word}: read{age}.</span>'
 
 
 def render_page(model: PageModel, refresh_seconds: float = REFRESH_SECONDS) -> str:
@@ -322,20 +347,24 @@ def render_page(model: PageModel, refresh_seconds: float = REFRESH_SECONDS) -> s
             "which <code>make run</code> and <code>kdq up</code> start; <code>kdq status</code> shows it. "
             "Stream health below is read from the stream's own state files.</div>"
         )
+    elif model.numbers == "none":
+        source = f'<p class="muted" data-field="sql-pending">{_numbers_note(model)}</p>'
     else:
         took = "" if model.query_seconds is None else f" in {model.query_seconds:.1f} s"
         source = (
             f'<p class="muted" data-field="sql-source">Counts from the Delta tables through the SQL endpoint '
-            f"{escape(model.sql_source or '')}{took}.</p>"
+            f"{escape(model.sql_source or '')}{took}.{_numbers_note(model)}</p>"
         )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>kdq data quality</title>'
-        f"<style>{CSS}</style><script>{_refresh_script(refresh_seconds)}</script></head><body>"
+        f"<style>{CSS}</style><script>{_refresh_script(refresh_seconds)}</script></head>"
+        f'<body data-numbers="{model.numbers}">'
         "<h1>kdq: data quality per topic</h1>"
         f'<p class="muted" data-field="as-of" data-now-ms="{page.now_ms}">As of {_iso(page.now_ms)}; '
         f"last hour = windows from {_iso(page.hour_from_ms)}, last day = windows from {_iso(page.day_from_ms)} "
-        f"(event time, window start). The page refreshes itself every {refresh_seconds:g} s.</p>"
+        f"(event time, window start). The page refreshes itself every {refresh_seconds:g} s; "
+        f'stream health as of <span data-field="page-ms" data-now-ms="{model.now_ms}">{_iso(model.now_ms)}</span>.</p>'
         f"{source}<h2>Topics</h2>{_overview(model)}<h2>Stream</h2>{_stream(model.stream)}"
         f"<h2>DAG runs</h2>{_dag_runs(model.dag_runs, model.dag_ids)}"
-        f"{''.join(_topic_section(t, not model.sql_error) for t in model.topics)}</body></html>"
+        f"{''.join(_topic_section(t, _counted(model)) for t in model.topics)}</body></html>"
     )

@@ -6,7 +6,8 @@ the top invalid reasons of the day with one sample each, recent corrections and 
 
 **Where the numbers come from.** Counts, reasons, samples and corrections are Delta tables; the page reads
 them through the always-on SQL endpoint (Spark Connect), never with a Spark driver of its own: a JVM per
-request in the API server would take a minute and a gigabyte. Everything here builds SQL text and shapes
+request in the API server would take a minute and a gigabyte; the API server keeps the last answer and asks
+again when the tables changed (:mod:`kdq.quality_cache`), so a page load never waits for it. Everything here builds SQL text and shapes
 the rows it returns, so the plugin only runs four statements (:data:`QUERIES`) and renders the model;
 unit tests feed rows without any endpoint. Stream health comes from the stream's state files
 (:mod:`kdq.stream_state`), which the API server reads on the same machine, and so do the batch jobs that
@@ -143,6 +144,7 @@ def page_queries(db: str, page: PageRange) -> dict[str, str]:
 
 
 QUERIES = ("counts", "reasons", "corrections")
+NUMBERS_STATES = ("fresh", "stale", "none")
 
 
 # -- the model the page renders ----------------------------------------------------------------------------
@@ -261,6 +263,12 @@ class PageModel:
     sql_source: str | None = None  # where they came from (the endpoint's address)
     query_seconds: float | None = None
     dag_ids: tuple[str, ...] = ()  # kdq's DAGs, linked from the page
+    # The numbers (counts, reasons, corrections) against the tables: "fresh" (asked since their last change),
+    # "stale" (an older answer, being renewed) or "none" (no answer yet: the layout and the stream's health
+    # only). See kdq.quality_cache.
+    numbers: str = "fresh"
+    numbers_ms: int | None = None  # when the answer arrived
+    now_ms: int | None = None  # when the page was made (``page.now_ms`` is the numbers' instant)
 
 
 def dag_run_url(dag_id: str, run_id: str) -> str:
@@ -443,9 +451,14 @@ def build_model(
     sql_source: str | None = None,
     query_seconds: float | None = None,
     dag_ids: Sequence[str] = (),
+    numbers: str = "fresh",
+    numbers_ms: int | None = None,
+    now_ms: int | None = None,
 ) -> PageModel:
     """Everything the page shows. ``rows``: the rows of each of :data:`QUERIES` (None when the endpoint could
-    not be asked: the topics then come from the stream's health alone)."""
+    not be asked: the topics then come from the stream's health alone). ``numbers``: see :class:`PageModel`."""
+    if numbers not in NUMBERS_STATES:
+        raise ValueError(f"numbers must be one of {NUMBERS_STATES}, not {numbers!r}")
     rows = rows or {}
     run_urls = {link.run_id: link.url for link in dag_runs}
     counts = shape_counts(rows.get("counts", ()), page)
@@ -464,7 +477,19 @@ def build_model(
         )
         for name in names
     )
-    return PageModel(page, topics, stream, tuple(dag_runs), sql_error, sql_source, query_seconds, tuple(dag_ids))
+    return PageModel(
+        page,
+        topics,
+        stream,
+        tuple(dag_runs),
+        sql_error,
+        sql_source,
+        query_seconds,
+        tuple(dag_ids),
+        numbers,
+        numbers_ms,
+        page.now_ms if now_ms is None else now_ms,
+    )
 
 
 def rows_as_dicts(rows: Iterable[Any]) -> list[dict[str, Any]]:

@@ -6,11 +6,13 @@ JWT the UI keeps in its ``_token`` cookie (or an ``Authorization: Bearer`` heade
 configured auth manager, a request without one is sent to Airflow's login page, and the user needs access
 to the Airflow website (every role has it).
 
-Thin on purpose: the SQL and the shaping are :mod:`kdq.quality_page`, the HTML :mod:`kdq.quality_html`.
-Counts come from the always-on SQL endpoint over Spark Connect (a gRPC client in this process, no JVM);
-when the endpoint is not running or does not answer within ``KDQ_QUALITY_PAGE_TIMEOUT_SECONDS`` (default
-60), the page says so and still shows what it has without it (stream health, DAG runs). Queries of
-concurrent page loads run one at a time: the endpoint shares the machine with the stream.
+Thin on purpose: the SQL and the shaping are :mod:`kdq.quality_page`, the HTML :mod:`kdq.quality_html`,
+the numbers kept ready :mod:`kdq.quality_cache`. Counts come from the always-on SQL endpoint over Spark
+Connect (a gRPC client in this process, no JVM), asked by one background thread when the tables changed
+(:func:`_generation`), never by a page load: a load answers at once with the last answer and says how
+current it is, and its script looks again until it is. When the endpoint is not running or does not answer
+within ``KDQ_QUALITY_PAGE_TIMEOUT_SECONDS`` (default 60), the page says so and still shows what it has
+without it (stream health, DAG runs). One question at a time: the endpoint shares the machine with the stream.
 """
 
 from __future__ import annotations
@@ -203,6 +205,69 @@ def _writers_json() -> dict:
     return writers_json(_health(load_config(), now_ms), now_ms)
 
 
+def _generation(config: Any) -> tuple:
+    """The fingerprint of what the page's statements would return (see :mod:`kdq.quality_cache`), from files.
+
+    Tables on this machine: the modification time of each table's ``_delta_log`` folder, which every commit
+    (a new ``N.json`` renamed into it) moves, whoever the writer. Tables on object storage: the stream's
+    progress log, which grows after every micro-batch, and the writers journal, which every batch job
+    appends to when it ends. Both: the endpoint's address and whether its process lives (no port probe: the
+    Thrift server would log every bare connection)."""
+    from kdq.storage import is_remote, local_path, tables_location
+    from kdq.stream_state import PROGRESS_LOG, state_dir
+    from kdq.writers_journal import journal_path
+
+    def stamp(path: Any) -> tuple[int, int] | None:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        return stat.st_size, stat.st_mtime_ns
+
+    tables = tables_location(config)
+    if is_remote(tables):
+        changes: tuple = (stamp(state_dir(config) / PROGRESS_LOG), stamp(journal_path(config)))
+    else:
+        root = local_path(tables)
+        try:
+            names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+        except OSError:
+            names = []
+        changes = tuple((name, stamp(root / name / "_delta_log")) for name in names)
+    configured = os.environ.get(ENDPOINT_URL_ENV, "").strip()
+    if configured:
+        endpoint: Any = configured
+    else:
+        from kdq.stack.sql_endpoint import LocalSqlEndpoint
+
+        state = config.local_state()
+        ports = (int(state.get("sql_connect_port") or 0), int(state.get("sql_thrift_port") or 0))
+        alive = all(ports) and LocalSqlEndpoint(config, *ports).process.running()
+        endpoint = ports if alive else None
+    return changes, endpoint, config.spark.database
+
+
+_cache: Any = None
+_cache_lock = threading.Lock()
+FIRST_ANSWER_SECONDS = 1.0  # a page with no answer at all yet waits this long for one, then paints without
+
+
+def _numbers() -> Any:
+    """The API server's one :class:`kdq.quality_cache.NumbersCache` (configuration read per question, so an
+    edited kdq.toml is picked up like before)."""
+    global _cache
+    from kdq.config import load_config
+    from kdq.quality_cache import NumbersCache
+
+    with _cache_lock:
+        if _cache is None:
+            _cache = NumbersCache(
+                fetch=lambda page: _rows(load_config(), page),
+                generation=lambda: _generation(load_config()),
+            )
+        return _cache
+
+
 def _render(user: Any) -> str:
     from kdq.config import load_config
     from kdq.quality_html import render_page
@@ -215,15 +280,34 @@ def _render(user: Any) -> str:
         from html import escape
 
         return f"<!DOCTYPE html><html><body><h1>kdq: data quality</h1><p>kdq's configuration: {escape(str(exc))}</p>"
-    page = PageRange(int(time.time() * 1000))
-    health = _health(config, page.now_ms)
-    rows, error, source, seconds = _rows(config, page)
+    now_ms = int(time.time() * 1000)
+    health = _health(config, now_ms)
+    cache = _numbers()
+    answer, fresh = cache.get()
+    if answer is None:
+        answer, fresh = cache.wait_fresh(FIRST_ANSWER_SECONDS)
+    rows = answer.rows if answer is not None else None
     try:
         runs = _dag_runs(user, correction_run_ids((rows or {}).get("corrections", ())))
     except Exception:  # the page must not fail because the metadata database hiccuped
         log.warning("data-quality page: could not list DAG runs", exc_info=True)
         runs = []
-    model = build_model(page, rows, health, runs, error, source, seconds, KDQ_DAGS)
+    if answer is None:  # still asking: the layout, the topics and the stream's health now, numbers next
+        model = build_model(PageRange(now_ms), None, health, runs, None, None, None, KDQ_DAGS, numbers="none")
+    else:
+        model = build_model(
+            answer.page,
+            rows,
+            health,
+            runs,
+            answer.error,
+            answer.source,
+            answer.seconds,
+            KDQ_DAGS,
+            numbers="fresh" if fresh else "stale",
+            numbers_ms=answer.computed_ms,
+            now_ms=now_ms,
+        )
     return render_page(model)
 
 

@@ -1,0 +1,191 @@
+"""The data-quality page's numbers, kept ready: queried in the background when the tables change.
+
+A page load must not wait for the SQL endpoint: under ``make run`` the endpoint shares two cores with the
+stream and the daily jobs, and one round of the page's statements takes from under a second to several.
+So the API server keeps the last answer (:class:`PageNumbers`) and one background thread asks again when it
+is out of date. Out of date means its *generation* changed: a cheap fingerprint of everything that changes
+what the statements return, read from files without Spark (see ``quality_app._generation``: the stream's
+progress log, which grows after every committed micro-batch; the writers journal, which every batch job
+appends to when it ends; the endpoint's address; the current minute, which moves the page's ranges).
+Numbers are *fresh* when computed for the current generation within the last ``max_age_seconds``; the
+thread also renews them when the minute moves (the page's ranges slide), but an answer of the previous minute
+with no commit since is still fresh: every count in it is current, only its ranges are as of its own instant,
+which the page shows. A page shows the answer at once either way, says how old it is, and its script asks
+again within half a second until it is fresh.
+
+The thread asks only while someone looks: it sleeps once no page was requested for ``idle_seconds``, so an
+API server with no viewer adds no load to the endpoint. Failures (the endpoint down or slow) are answers too,
+kept like numbers, and asked again after ``retry_seconds`` even when nothing else changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kdq.quality_page import MINUTE_MS, PageRange
+
+log = logging.getLogger(__name__)
+
+Rows = Mapping[str, Sequence[Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class PageNumbers:
+    """One answer of the page's statements (or why there is none), for one generation of the tables."""
+
+    page: PageRange  # the ranges the statements covered (their "as of" is page.now_ms)
+    generation: Hashable  # the tables' fingerprint read just before the statements ran
+    rows: Rows | None
+    error: str | None = None
+    source: str | None = None  # the endpoint's address
+    seconds: float | None = None  # how long the statements took
+    computed_ms: int = 0  # when the answer arrived
+
+    @property
+    def failed(self) -> bool:
+        return self.rows is None
+
+
+# The question: the page's statements for a range -> (rows, error, source, seconds), as quality_app._rows.
+Fetch = Callable[[PageRange], tuple[Rows | None, str | None, str | None, float | None]]
+
+
+class NumbersCache:
+    """The last :class:`PageNumbers` and the thread that renews it (started on the first :meth:`get`)."""
+
+    def __init__(
+        self,
+        fetch: Fetch,
+        generation: Callable[[], Hashable],
+        *,
+        poll_seconds: float = 0.25,
+        retry_seconds: float = 5.0,
+        max_age_seconds: float = 60.0,
+        idle_seconds: float = 600.0,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        """``generation()``: the fingerprint of the tables' state (the minute is added here);
+        ``poll_seconds``: how often the thread looks at it while a page is open; ``max_age_seconds``: an
+        answer is renewed at least this often, for changes the fingerprint cannot see."""
+        self._fetch = fetch
+        self._generation = generation
+        self._poll = poll_seconds
+        self._retry_ms = int(retry_seconds * 1000)
+        self._max_age_ms = int(max_age_seconds * 1000)
+        self._idle_ms = int(idle_seconds * 1000)
+        self._clock_ms = clock_ms
+        self._latest: PageNumbers | None = None
+        self._demanded_ms = 0
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    # -- what the page asks ------------------------------------------------------------------------------
+
+    def get(self) -> tuple[PageNumbers | None, bool]:
+        """(the latest answer or None, whether it is fresh) at once; wakes the thread when it is not."""
+        now = self._clock_ms()
+        current = self._generation()
+        with self._changed:
+            self._demanded_ms = now
+            latest = self._latest
+            fresh = latest is not None and self._fresh(latest, current, now)
+            if latest is None or self._due(latest, current, now):
+                self._changed.notify_all()
+        self._ensure_thread()
+        return latest, fresh
+
+    def wait_fresh(self, timeout: float) -> tuple[PageNumbers | None, bool]:
+        """:meth:`get`, waiting up to ``timeout`` seconds for a fresh answer (the first page after a start)."""
+        deadline = time.monotonic() + timeout
+        latest, fresh = self.get()
+        while not fresh and time.monotonic() < deadline:
+            with self._changed:
+                self._changed.wait(min(self._poll, max(0.0, deadline - time.monotonic())))
+            latest, fresh = self.get()
+        return latest, fresh
+
+    # -- the renewal -------------------------------------------------------------------------------------
+
+    def _fresh(self, latest: PageNumbers, current: Hashable, now: int) -> bool:
+        """Whether ``latest`` holds every change: same generation, not too old, not a failure due for retry."""
+        if latest.generation != current:
+            return False
+        if latest.failed:
+            return now - latest.computed_ms < self._retry_ms
+        return now - latest.computed_ms < self._max_age_ms
+
+    def _due(self, latest: PageNumbers, current: Hashable, now: int) -> bool:
+        """Whether ``latest`` must be asked again: not fresh, the page's ranges moved to another minute, or
+        half its life gone (renewed ahead, so an answer never stops being fresh for age alone while a page
+        is open: only a change of the tables makes a viewer wait)."""
+        return (
+            not self._fresh(latest, current, now)
+            or minute_of(latest.page.now_ms) != minute_of(now)
+            or (not latest.failed and now - latest.computed_ms >= self._max_age_ms // 2)
+        )
+
+    def renew_once(self) -> PageNumbers | None:
+        """Ask again when the latest answer is due (one round, in the caller's thread); returns the new one.
+
+        The generation is read *before* the statements run: a commit during them leaves the answer due, so
+        a change is never hidden behind an answer that may predate it."""
+        now = self._clock_ms()
+        current = self._generation()
+        with self._changed:
+            latest = self._latest
+        if latest is not None and not self._due(latest, current, now):
+            return None
+        page = PageRange(now)
+        try:
+            rows, error, source, seconds = self._fetch(page)
+        except Exception as exc:  # the thread must survive anything the endpoint or its client throws
+            log.warning("data-quality page: asking for the numbers failed", exc_info=True)
+            rows, error, source, seconds = None, f"asking the SQL endpoint failed: {exc}", None, None
+        answer = PageNumbers(page, current, rows, error, source, seconds, self._clock_ms())
+        with self._changed:
+            self._latest = answer
+            self._changed.notify_all()
+        return answer
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                if self._stop:
+                    return
+                idle = self._clock_ms() - self._demanded_ms > self._idle_ms
+                self._changed.wait(self._poll if not idle else 5.0)
+                if self._stop:
+                    return
+                if idle and self._clock_ms() - self._demanded_ms > self._idle_ms:
+                    continue  # nobody looks: no load on the endpoint
+            try:
+                self.renew_once()
+            except Exception:  # a broken fingerprint read: try again at the next poll
+                log.warning("data-quality page: renewing the numbers failed", exc_info=True)
+
+    def _ensure_thread(self) -> None:
+        with self._changed:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop = False
+            self._thread = threading.Thread(target=self._run, name="kdq-quality-numbers", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._changed:
+            self._stop = True
+            self._changed.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+
+def minute_of(now_ms: int) -> int:
+    """The page's ranges move once a minute."""
+    return now_ms // MINUTE_MS

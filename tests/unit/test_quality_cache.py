@@ -1,0 +1,174 @@
+"""The page's numbers kept ready (kdq.quality_cache): asked again exactly when the tables' fingerprint moves,
+never hidden behind an answer that may predate a change, failures retried, no asking while nobody looks;
+and the page's rendering of each state (fresh, stale, none)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kdq.quality_cache import NumbersCache
+from kdq.quality_html import render_page
+from kdq.quality_page import MINUTE_MS, PageRange, StreamHealth, TopicHealth, build_model
+
+NOW = 1_700_003_723_456
+
+
+class Tables:
+    """A fake of what the page reads: a fingerprint that moves on every commit, and a query of the counts."""
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.valid = 0
+        self.asked: list[int] = []
+        self.fail: Exception | None = None
+        self.during_fetch = None  # called inside the fetch (a commit racing the statements)
+        self.now = NOW
+
+    def clock(self) -> int:
+        return self.now
+
+    def generation(self) -> int:
+        return self.commits
+
+    def fetch(self, page: PageRange):
+        self.asked.append(page.now_ms)
+        if self.during_fetch is not None:
+            self.during_fetch()
+        if self.fail is not None:
+            raise self.fail
+        rows = {"counts": [{"scale": "hour", "topic": "t", "bucket_ms": page.now_ms // MINUTE_MS * MINUTE_MS,
+                            "valid": self.valid, "invalid": 0}]}
+        return rows, None, "sc://endpoint", 0.1
+
+    def commit(self, valid: int) -> None:
+        self.valid = valid
+        self.commits += 1
+
+
+def cache_of(tables: Tables, **kwargs) -> NumbersCache:
+    return NumbersCache(tables.fetch, tables.generation, clock_ms=tables.clock, **kwargs)
+
+
+def test_an_answer_is_asked_for_once_per_generation() -> None:
+    tables = Tables()
+    cache = cache_of(tables)
+    first = cache.renew_once()
+    assert first is not None and first.rows["counts"][0]["valid"] == 0 and tables.asked == [NOW]
+    assert cache.renew_once() is None, "nothing changed: no second question"
+    tables.commit(7)
+    tables.now += 1000
+    second = cache.renew_once()
+    assert second is not None and second.rows["counts"][0]["valid"] == 7 and second.page.now_ms == NOW + 1000
+    # The minute moves the page's ranges: asked again without any commit; the last answer stays fresh meanwhile
+    # (every count in it is current; its ranges are as of its own instant).
+    tables.now = (NOW // MINUTE_MS + 1) * MINUTE_MS
+    assert cache._fresh(second, tables.generation(), tables.now)
+    assert cache._due(second, tables.generation(), tables.now)
+    assert cache.renew_once() is not None and len(tables.asked) == 3
+
+
+def test_a_commit_during_the_question_leaves_the_answer_due() -> None:
+    tables = Tables()
+    cache = cache_of(tables)
+    tables.during_fetch = lambda: tables.commit(5)  # the stream commits while the statements run
+    answer = cache.renew_once()
+    assert answer is not None and answer.generation == 0
+    tables.during_fetch = None
+    assert not cache._fresh(answer, tables.generation(), tables.now), "stale at once: a commit ran beside it"
+    assert cache.renew_once() is not None, "the answer may predate the commit: asked again"
+    assert cache.renew_once() is None
+
+
+def test_failures_are_answers_retried_after_a_pause_and_on_any_change() -> None:
+    tables = Tables()
+    cache = cache_of(tables, retry_seconds=5)
+    tables.fail = ConnectionError("endpoint down")
+    failed = cache.renew_once()
+    assert failed is not None and failed.failed and "endpoint down" in failed.error
+    tables.now += 4_000
+    assert cache.renew_once() is None, "retried only after retry_seconds"
+    tables.now += 1_000
+    tables.fail = None
+    recovered = cache.renew_once()
+    assert recovered is not None and not recovered.failed
+
+
+def test_an_answer_is_renewed_after_max_age_even_without_a_visible_change() -> None:
+    tables = Tables()
+    cache = cache_of(tables, max_age_seconds=30)
+    tables.now = NOW // MINUTE_MS * MINUTE_MS  # the start of a minute: the minute does not move below
+    first = cache.renew_once()
+    tables.now += 14_000
+    assert cache.renew_once() is None
+    tables.now += 1_000  # half its life: renewed ahead, still fresh meanwhile
+    assert cache._fresh(first, tables.generation(), tables.now)
+    second = cache.renew_once()
+    assert second is not None
+    tables.now += 30_000  # a whole life without renewal (nobody looked): no longer fresh
+    assert not cache._fresh(second, tables.generation(), tables.now)
+
+
+def test_get_answers_at_once_and_the_thread_renews_in_the_background() -> None:
+    tables = Tables()
+    tables.now = int(time.time() * 1000)
+    tables.clock = lambda: int(time.time() * 1000)  # the thread runs in real time
+    slow = threading.Event()
+
+    def fetch(page: PageRange):
+        slow.wait(5)  # a slow endpoint: get() must not wait for it
+        return Tables.fetch(tables, page)
+
+    cache = NumbersCache(fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02)
+    try:
+        started = time.monotonic()
+        latest, fresh = cache.get()
+        assert (latest, fresh) == (None, False) and time.monotonic() - started < 1
+        slow.set()
+        latest, fresh = cache.wait_fresh(10)
+        assert fresh and latest is not None and latest.rows["counts"][0]["valid"] == 0
+        tables.commit(3)
+        latest, fresh = cache.get()
+        assert not fresh and latest.rows["counts"][0]["valid"] == 0, "the old answer at once, marked stale"
+        latest, fresh = cache.wait_fresh(10)
+        assert fresh and latest.rows["counts"][0]["valid"] == 3
+    finally:
+        cache.stop()
+
+
+def test_nobody_looking_means_no_questions() -> None:
+    tables = Tables()
+    tables.clock = lambda: int(time.time() * 1000)
+    cache = NumbersCache(tables.fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02, idle_seconds=0.2)
+    try:
+        cache.wait_fresh(10)
+        asked = len(tables.asked)
+        assert asked == 1
+        time.sleep(0.4)  # idle now
+        tables.commit(1)
+        time.sleep(0.4)
+        assert len(tables.asked) == asked, "a commit while nobody looks is not asked about"
+        latest, fresh = cache.wait_fresh(10)  # someone looks again
+        assert fresh and latest.rows["counts"][0]["valid"] == 1
+    finally:
+        cache.stop()
+
+
+def test_the_page_says_how_current_its_numbers_are() -> None:
+    page = PageRange(NOW)
+    stream = StreamHealth("running", topics={"orders": TopicHealth(consumer_lag=0)})
+    rows = {"counts": [{"scale": "hour", "topic": "orders", "bucket_ms": NOW // MINUTE_MS * MINUTE_MS,
+                        "valid": 4, "invalid": 1}]}
+
+    none = render_page(build_model(page, None, stream, numbers="none"))
+    assert '<body data-numbers="none">' in none and 'data-field="sql-pending"' in none
+    assert 'data-field="hour-valid">—<' in none, "unknown, not 0"
+    assert 'data-topic="orders"' in none, "the topic list comes from the stream's health at once"
+
+    stale = render_page(build_model(page, rows, stream, numbers="stale", numbers_ms=NOW, now_ms=NOW + 4_000))
+    assert '<body data-numbers="stale">' in stale and 'data-field="hour-valid">4<' in stale
+    assert "Numbers updating: read 4 s ago." in stale
+
+    fresh = render_page(build_model(page, rows, stream, numbers="fresh", numbers_ms=NOW, now_ms=NOW))
+    assert '<body data-numbers="fresh">' in fresh and "Numbers current" in fresh
+    assert f'data-field="page-ms" data-now-ms="{NOW}"' in fresh
