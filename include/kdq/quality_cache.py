@@ -84,6 +84,7 @@ class NumbersCache:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._warm = False  # one question even with nobody looking (see warm)
 
     # -- what the page asks ------------------------------------------------------------------------------
 
@@ -99,6 +100,14 @@ class NumbersCache:
                 self._changed.notify_all()
         self._ensure_thread()
         return latest, fresh
+
+    def warm(self) -> None:
+        """One question soon even though no page was asked for yet, so the first page finds numbers (and the
+        Spark Connect client imported and connected: the first question of a process takes seconds)."""
+        with self._changed:
+            self._warm = True
+            self._changed.notify_all()
+        self._ensure_thread()
 
     def wait_fresh(self, timeout: float) -> tuple[PageNumbers | None, bool]:
         """:meth:`get`, waiting up to ``timeout`` seconds for a fresh answer (the first page after a start)."""
@@ -158,12 +167,13 @@ class NumbersCache:
             with self._changed:
                 if self._stop:
                     return
-                idle = self._clock_ms() - self._demanded_ms > self._idle_ms
+                idle = self._clock_ms() - self._demanded_ms > self._idle_ms and not self._warm
                 self._changed.wait(self._poll if not idle else 5.0)
                 if self._stop:
                     return
-                if idle and self._clock_ms() - self._demanded_ms > self._idle_ms:
+                if self._clock_ms() - self._demanded_ms > self._idle_ms and not self._warm:
                     continue  # nobody looks: no load on the endpoint
+                self._warm = False
             try:
                 self.renew_once()
             except Exception:  # a broken fingerprint read: try again at the next poll

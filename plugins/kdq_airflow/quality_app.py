@@ -345,6 +345,9 @@ def create_app() -> FastAPI:
 
     @app.get("/icon.svg")
     async def icon() -> Response:
+        # The Airflow UI loads the navigation's icon as soon as someone opens it: the moment to get the page's
+        # numbers ready (one question; the plugin is imported by every Airflow process, so not at import).
+        _numbers().warm()
         return Response(ICON_SVG, media_type="image/svg+xml")
 
     return app

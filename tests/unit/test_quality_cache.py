@@ -154,6 +154,25 @@ def test_nobody_looking_means_no_questions() -> None:
         cache.stop()
 
 
+def test_warm_asks_once_before_anyone_looks() -> None:
+    tables = Tables()
+    tables.clock = lambda: int(time.time() * 1000)
+    cache = NumbersCache(tables.fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02, idle_seconds=0.1)
+    try:
+        cache.warm()
+        deadline = time.monotonic() + 10
+        while not tables.asked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(tables.asked) == 1, "the warm-up asked once"
+        tables.commit(2)
+        time.sleep(0.3)
+        assert len(tables.asked) == 1, "and only once: nobody looks yet"
+        latest, fresh = cache.get()
+        assert latest is not None and not fresh and latest.rows["counts"][0]["valid"] == 0
+    finally:
+        cache.stop()
+
+
 def test_the_page_says_how_current_its_numbers_are() -> None:
     page = PageRange(NOW)
     stream = StreamHealth("running", topics={"orders": TopicHealth(consumer_lag=0)})
