@@ -18,9 +18,9 @@ In each phase, one probe every ``--interval`` seconds, in turn (the page every o
   whole HTML (``data-field="as-of"`` in it); *numbers* the time from the same start until a response carries
   current counts (``<body data-numbers="fresh">``; a page without that attribute: its ``data-field="sql-source"``),
   polling the URL every 0.25 s as the page's own script would, for at most 30 s;
-* SQL, the day's ``GROUP BY`` of :mod:`benchmarks.sql_endpoint`: Spark Connect through kdq's light client (one
-  session for the run, wall clock per query), JDBC through beeline (a new session per probe; beeline's own time
-  for the second query of the session), and ``kdq sql "<query>"`` from process start to exit;
+* SQL, the day's ``GROUP BY`` of :mod:`benchmarks.sql_endpoint`, wall clock per query on a session kept for the
+  run as a BI tool keeps its connection (its first query reported apart): Spark Connect through kdq's light
+  client, JDBC through one beeline fed on its stdin; and ``kdq sql "<query>"`` from process start to exit;
 * with every probe, the 1-minute load average and the machine's CPU busy share since the previous probe.
 
 The stream's figures come from its progress log: per micro-batch committed during the phase, its duration
@@ -50,7 +50,7 @@ from typing import Any
 
 from benchmarks.measure import percentile
 from benchmarks.speed import write_config
-from benchmarks.sql_endpoint import QUERY, jdbc_timings, kdq_sql_timings
+from benchmarks.sql_endpoint import QUERY, BeelineSession, kdq_sql_timings
 from kdq.config import Config, load_config
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -297,7 +297,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             ),
         )
         + row("SQL Spark Connect (light client, open session), median", door("connect"))
-        + row("SQL JDBC (beeline, its own time), median", door("jdbc"))
+        + row("SQL JDBC (beeline, open session), median", door("jdbc"))
         + row("`kdq sql`, prompt to table, median", door("kdq_sql"))
         + row("stream batches (rows)", lambda f: f"{f['stream']['batches']} ({f['stream']['rows']:,})")
         + row("stream batch duration, p50 / p99", lambda f: pq(f["stream"]["batch_seconds"], "p50", "p99"))
@@ -328,6 +328,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         + (f", {r['seconds']} s from start to end" if r.get("seconds") is not None else "")
         + (f" (queued {r['queued_seconds']} s)" if r.get("queued_seconds") is not None else "")
         + (f"; {r['what']}" if r.get("what") else "")
+        + "".join(
+            f"\n  * task `{t['task_id']}`: {t['state']}, queued {_s(t['queued_seconds'])}, ran {_s(t['seconds'])}"
+            for t in r.get("tasks", [])
+        )
         + "\n"
         for r in result.get("job_runs", [])
     )
@@ -397,6 +401,8 @@ class Probes:
         self.markers: set[str] = set()
         self._connect = None
         self._connect_cold = True
+        self._beeline: BeelineSession | None = None
+        self._beeline_cold = True
 
     def _get_page(self, timeout: float) -> tuple[int, str]:
         for attempt in (1, 2):
@@ -454,7 +460,7 @@ class Probes:
             self._connect.show(QUERY, 50)
             seconds = time.perf_counter() - started
         except Exception as exc:
-            self.close()
+            self._close_connect()
             return {**sample, "error": repr(exc)[:300]}
         if self._connect_cold:  # the session's first query: reported apart, not in the median
             self._connect_cold = False
@@ -462,16 +468,28 @@ class Probes:
         return {**sample, "seconds": round(seconds, 3)}
 
     def jdbc(self) -> dict[str, Any]:
+        """The query on one JDBC session kept for the run (beeline fed on its stdin), wall clock to its answer."""
         sample: dict[str, Any] = {"kind": "jdbc", "t_ms": int(time.time() * 1000)}
         try:
-            timing = jdbc_timings(self.stack.sql_endpoint.jdbc_url, 1)
+            if self._beeline is None:
+                self._beeline = BeelineSession(self.stack.sql_endpoint.jdbc_url)
+                self._beeline_cold = True
+            seconds, own = self._beeline.query(QUERY)
         except Exception as exc:
+            self._close_beeline()
             return {**sample, "error": repr(exc)[:300]}
-        return {
-            **sample,
-            "cold_seconds": timing["cold_seconds"],
-            "seconds": timing["seconds"][0] if timing["seconds"] else None,
-        }
+        if self._beeline_cold:  # the session's first query (beeline's JVM start and login before it): apart
+            self._beeline_cold = False
+            return {**sample, "cold_seconds": round(seconds, 3), "beeline_seconds": own}
+        return {**sample, "seconds": round(seconds, 3), "beeline_seconds": own}
+
+    def _close_beeline(self) -> None:
+        if self._beeline is not None:
+            try:
+                self._beeline.close()
+            except Exception:
+                pass
+            self._beeline = None
 
     def kdq_sql(self) -> dict[str, Any]:
         sample: dict[str, Any] = {"kind": "kdq_sql", "t_ms": int(time.time() * 1000)}
@@ -482,6 +500,10 @@ class Probes:
         return {**sample, "seconds": round(timing["seconds"][0], 3)}
 
     def close(self) -> None:
+        self._close_beeline()
+        self._close_connect()
+
+    def _close_connect(self) -> None:
         if self._connect is not None:
             try:
                 self._connect.close()
@@ -564,6 +586,31 @@ def follow_jobs(api: Any, runs: list[dict[str, Any]]) -> bool:
         if row["state"] not in ("success", "failed"):
             ended = False
     return ended
+
+
+def job_tasks(api: Any, runs: list[dict[str, Any]]) -> None:
+    """Each triggered run's tasks: state, seconds queued for an executor slot, seconds running."""
+    for row in runs:
+        if row.get("state") == "not triggered":
+            continue
+        try:
+            tis = api.get(f"dags/{row['dag_id']}/dagRuns/{row['run_id']}/taskInstances")["task_instances"]
+        except Exception as exc:
+            row["tasks_error"] = repr(exc)[:200]
+            continue
+        tasks = []
+        for ti in tis:
+            queued, started = _parse_iso(ti.get("queued_when")), _parse_iso(ti.get("start_date"))
+            tasks.append(
+                {
+                    "task_id": ti["task_id"],
+                    "state": ti.get("state"),
+                    "try_number": ti.get("try_number"),
+                    "queued_seconds": round((started - queued).total_seconds(), 1) if queued and started else None,
+                    "seconds": _round(ti.get("duration"), 1),
+                }
+            )
+        row["tasks"] = tasks
 
 
 def all_dag_runs(api: Any, since: datetime) -> list[dict[str, Any]]:
@@ -752,6 +799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             extend_s=args.job_wait_minutes * 60,
         )
         follow_jobs(api, runs)
+        job_tasks(api, runs)
         result["dag_runs"] = all_dag_runs(api, start_wall - timedelta(minutes=5))
         result["page_marker"] = "data-numbers" if "data-numbers" in probes.markers else "sql-source"
         progress = read_progress_log(config, max_bytes=16 * 1024 * 1024)

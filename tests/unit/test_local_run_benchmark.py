@@ -199,11 +199,20 @@ def test_markdown_shows_both_phases_the_checks_and_the_jobs() -> None:
         "targets": targets(phases),
         "page_marker": "sql-source",
         "parameters": {"interval_seconds": 5, "demo_args": "", "allowed_lateness_seconds": 60},
-        "job_runs": [{"dag_id": "kdq_maintenance", "run_id": "r1", "state": "success", "seconds": 41.0}],
+        "job_runs": [
+            {
+                "dag_id": "kdq_maintenance",
+                "run_id": "r1",
+                "state": "success",
+                "seconds": 41.0,
+                "tasks": [{"task_id": "optimize", "state": "success", "queued_seconds": 2.5, "seconds": 38.1}],
+            }
+        ],
     }
     text = markdown(result)
     assert "| page first paint, p50 / p95 | 0.3 s / 0.3 s (n 1) | 0.3 s / 0.3 s (n 1) |" in text
     assert "| stream batch duration, p50 / p99 | 2.0 s / 2.0 s (n 1) | 3.0 s / 3.0 s (n 1) |" in text
     assert "| stream p99 produce -> visible, daily jobs / quiet <= 1.2 | daily jobs running | 1.4 x | **no** |" in text
     assert "`kdq_maintenance` run `r1`: **success**, 41.0 s" in text
+    assert "  * task `optimize`: success, queued 2.5 s, ran 38.1 s" in text
     assert 'data-field=\\"sql-source\\"' not in text and "sql-source" in text
