@@ -70,6 +70,16 @@ BENCH_CLUSTER ?=
 bench-cluster: setup
 	@$(PY) -m benchmarks.cluster $(BENCH_CLUSTER)
 
+## bench-local-run: `make run` measured (issue 25): the product on a private data folder and free ports with the demo
+## traffic, a quiet phase, then one with the daily maintenance and an hourly recompute triggered; the data-quality
+## page's first paint and numbers, SQL through Spark Connect, JDBC and `kdq sql`, the stream's batch duration and
+## produce -> visible, the machine's load (~15 min at the default 4 min per phase). Results in
+## benchmarks/results/local_run.{json,md}; options: make bench-local-run LOCAL_RUN="--minutes 3 --demo-args='--rate 200'"
+.PHONY: bench-local-run
+LOCAL_RUN ?=
+bench-local-run: setup
+	@$(PY) -m benchmarks.local_run $(LOCAL_RUN)
+
 ## bench-sweep: one stream setting changed per run (~40 min); results in benchmarks/results/sweep.{json,md}
 bench-sweep: setup
 	@$(PY) -m benchmarks.sweep

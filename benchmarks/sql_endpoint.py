@@ -94,13 +94,75 @@ def connect_timings(url: str, runs: int) -> dict:
     return {"cold_seconds": result["seconds"][0], "seconds": result["seconds"][1:], "rows": result["rows"]}
 
 
+# beeline's own time of a statement, printed after its result
+ROWS_SELECTED = re.compile(r"rows? selected \(([\d.]+) seconds\)")
+
+
+def beeline_command(url: str) -> tuple[list[str], dict[str, str]]:
+    return ([str(PROJECT / ".venv" / "bin" / "beeline"), "-u", url, "-n", "kdq", "--outputformat=csv2"],
+            {"PATH": f"{PROJECT / '.venv' / 'bin'}:/usr/bin:/bin"})
+
+
 def jdbc_timings(url: str, runs: int) -> dict:
-    env = {"PATH": f"{PROJECT / '.venv' / 'bin'}:/usr/bin:/bin"}
+    command, env = beeline_command(url)
     script = "\n".join([f"{QUERY};"] * (runs + 1))
-    done = subprocess.run([str(PROJECT / ".venv" / "bin" / "beeline"), "-u", url, "-n", "kdq", "--outputformat=csv2",
-                           "-e", script], capture_output=True, text=True, timeout=600, env=env, check=True)
-    seconds = [float(s) for s in re.findall(r"rows? selected \(([\d.]+) seconds\)", done.stdout + done.stderr)]
+    done = subprocess.run([*command, "-e", script], capture_output=True, text=True, timeout=600, env=env, check=True)
+    seconds = [float(s) for s in ROWS_SELECTED.findall(done.stdout + done.stderr)]
     return {"cold_seconds": seconds[0], "seconds": seconds[1:]}
+
+
+class BeelineSession:
+    """One beeline process and JDBC session kept open, fed one statement at a time on its stdin (a BI tool's
+    connection that queries now and then, where :func:`jdbc_timings` runs its statements back to back)."""
+
+    def __init__(self, url: str) -> None:
+        import queue
+        import threading
+
+        command, env = beeline_command(url)
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+
+    def query(self, statement: str, timeout: float = 120.0) -> tuple[float, float]:
+        """(wall-clock seconds from sending the statement to beeline's "rows selected" line, beeline's own time);
+        raises RuntimeError on beeline's "Error:" or at the deadline."""
+        import queue
+
+        while not self.lines.empty():  # what an earlier statement left behind
+            self.lines.get_nowait()
+        started = time.perf_counter()
+        self.process.stdin.write(statement.rstrip().rstrip(";") + ";\n")
+        self.process.stdin.flush()
+        deadline = started + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=1.0)
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"beeline exited {self.process.returncode}") from None
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"beeline: no answer within {timeout:.0f} s") from None
+                continue
+            found = ROWS_SELECTED.search(line)
+            if found:
+                return time.perf_counter() - started, float(found.group(1))
+            if line.startswith("Error:"):
+                raise RuntimeError(f"beeline: {line.strip()[:300]}")
+
+    def close(self) -> None:
+        try:
+            self.process.stdin.write("!quit\n")
+            self.process.stdin.flush()
+            self.process.wait(timeout=20)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait(timeout=20)
 
 
 def kdq_sql_timings(config: Config, runs: int) -> dict:
