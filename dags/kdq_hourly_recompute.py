@@ -37,6 +37,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Asset
 
+from kdq.airflow_pools import BATCH_POOL
 from kdq_airflow.defaults import kdq_default_args, kdq_recompute_timetable, kdq_start_date
 from kdq_airflow.operators import InfluxCatchUpOperator, KdqSparkJobOperator, PushCorrectionsOperator
 
@@ -51,7 +52,7 @@ with DAG(
     catchup=True,
     max_active_runs=1,  # concurrent MERGEs into window_counts would conflict
     tags=["kdq", "batch-layer"],
-    default_args=kdq_default_args(retries=3, max_retry_delay=timedelta(minutes=20)),
+    default_args=kdq_default_args(retries=3, max_retry_delay=timedelta(minutes=20), pool=BATCH_POOL),
 ):
     recompute = KdqSparkJobOperator(
         task_id="recompute",

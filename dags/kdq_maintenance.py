@@ -33,6 +33,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG
 
+from kdq.airflow_pools import BATCH_POOL
 from kdq_airflow.defaults import kdq_default_args, kdq_maintenance_timetable
 from kdq_airflow.operators import MaintenanceOperator
 
@@ -43,6 +44,8 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["kdq", "maintenance"],
-    default_args=kdq_default_args(retries=2, retry_delay=timedelta(minutes=5), execution_timeout=timedelta(hours=2)),
+    default_args=kdq_default_args(
+        retries=2, retry_delay=timedelta(minutes=5), execution_timeout=timedelta(hours=2), pool=BATCH_POOL
+    ),
 ):
     MaintenanceOperator(task_id="optimize_vacuum_retention", archive_retention_days=30, vacuum_retain_hours=168)

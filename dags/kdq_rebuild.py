@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Param
 
+from kdq.airflow_pools import BATCH_POOL
 from kdq_airflow.defaults import kdq_default_args, kdq_start_date
 from kdq_airflow.operators import KdqSparkJobOperator
 
@@ -26,7 +27,7 @@ with DAG(
     start_date=kdq_start_date(),
     catchup=False,
     tags=["kdq", "batch-layer"],
-    default_args=kdq_default_args(retry_delay=timedelta(minutes=2), execution_timeout=timedelta(hours=4)),
+    default_args=kdq_default_args(retry_delay=timedelta(minutes=2), execution_timeout=timedelta(hours=4), pool=BATCH_POOL),
     params={
         "topics": Param(
             "", type="string", title="Topics", description="Comma-separated topic names; empty means all topics."

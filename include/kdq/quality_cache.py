@@ -7,11 +7,15 @@ is out of date. Out of date means its *generation* changed: a cheap fingerprint 
 what the statements return, read from files without Spark (see ``quality_app._generation``: the stream's
 progress log, which grows after every committed micro-batch; the writers journal, which every batch job
 appends to when it ends; the endpoint's address; the current minute, which moves the page's ranges).
-Numbers are *fresh* when computed for the current generation within the last ``max_age_seconds``; the
-thread also renews them when the minute moves (the page's ranges slide), but an answer of the previous minute
-with no commit since is still fresh: every count in it is current, only its ranges are as of its own instant,
-which the page shows. A page shows the answer at once either way, says how old it is, and its script asks
-again within half a second until it is fresh.
+Numbers are *fresh* when they hold every commit made up to ``fresh_seconds`` ago: either nothing changed
+since their question began (same generation), or that question began at most ``fresh_seconds`` ago. The
+second half is what a busy stream needs: it commits every few seconds, often while a question runs, so "no
+change since" would almost never hold while a page is open, and a question per commit would keep the
+endpoint busy; so after a change the thread asks again at most every ``min_interval_seconds``. The thread
+also renews an answer when the minute moves (the page's ranges slide; an answer of the previous minute stays
+fresh meanwhile: its counts are current, its ranges are as of its own instant, which the page shows) and
+ahead of ``max_age_seconds``. A page shows the answer at once, fresh or not, says how old it is, and its
+script asks again within half a second until it is fresh.
 
 The thread asks only while someone looks: it sleeps once no page was requested for ``idle_seconds``, so an
 API server with no viewer adds no load to the endpoint. Failures (the endpoint down or slow) are answers too,
@@ -45,6 +49,7 @@ class PageNumbers:
     source: str | None = None  # the endpoint's address
     seconds: float | None = None  # how long the statements took
     computed_ms: int = 0  # when the answer arrived
+    asked_ms: int = 0  # when the question began: the answer holds every commit made before then
 
     @property
     def failed(self) -> bool:
@@ -65,6 +70,8 @@ class NumbersCache:
         *,
         poll_seconds: float = 0.25,
         retry_seconds: float = 5.0,
+        fresh_seconds: float = 10.0,
+        min_interval_seconds: float = 3.0,
         max_age_seconds: float = 60.0,
         idle_seconds: float = 600.0,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
@@ -76,6 +83,8 @@ class NumbersCache:
         self._generation = generation
         self._poll = poll_seconds
         self._retry_ms = int(retry_seconds * 1000)
+        self._fresh_ms = int(fresh_seconds * 1000)
+        self._min_interval_ms = int(min_interval_seconds * 1000)
         self._max_age_ms = int(max_age_seconds * 1000)
         self._idle_ms = int(idle_seconds * 1000)
         self._clock_ms = clock_ms
@@ -122,22 +131,23 @@ class NumbersCache:
     # -- the renewal -------------------------------------------------------------------------------------
 
     def _fresh(self, latest: PageNumbers, current: Hashable, now: int) -> bool:
-        """Whether ``latest`` holds every change: same generation, not too old, not a failure due for retry."""
-        if latest.generation != current:
-            return False
+        """Whether ``latest`` holds every commit made up to ``fresh_seconds`` ago (a failure: whether it is
+        recent enough not to be retried yet)."""
         if latest.failed:
-            return now - latest.computed_ms < self._retry_ms
-        return now - latest.computed_ms < self._max_age_ms
+            return latest.generation == current and now - latest.computed_ms < self._retry_ms
+        if latest.generation == current:
+            return now - latest.computed_ms < self._max_age_ms
+        return now - latest.asked_ms < self._fresh_ms
 
     def _due(self, latest: PageNumbers, current: Hashable, now: int) -> bool:
-        """Whether ``latest`` must be asked again: not fresh, the page's ranges moved to another minute, or
-        half its life gone (renewed ahead, so an answer never stops being fresh for age alone while a page
-        is open: only a change of the tables makes a viewer wait)."""
-        return (
-            not self._fresh(latest, current, now)
-            or minute_of(latest.page.now_ms) != minute_of(now)
-            or (not latest.failed and now - latest.computed_ms >= self._max_age_ms // 2)
-        )
+        """Whether ``latest`` must be asked again: the tables changed (at most every ``min_interval_seconds``
+        after the last answer), a failure's retry time came, the page's ranges moved to another minute, or
+        half its life is gone (renewed ahead, so an answer never stops being fresh for age alone)."""
+        if latest.failed:
+            return not self._fresh(latest, current, now)
+        if latest.generation != current:
+            return now - latest.computed_ms >= self._min_interval_ms or not self._fresh(latest, current, now)
+        return minute_of(latest.page.now_ms) != minute_of(now) or now - latest.computed_ms >= self._max_age_ms // 2
 
     def renew_once(self) -> PageNumbers | None:
         """Ask again when the latest answer is due (one round, in the caller's thread); returns the new one.
@@ -150,13 +160,13 @@ class NumbersCache:
             latest = self._latest
         if latest is not None and not self._due(latest, current, now):
             return None
-        page = PageRange(now)
+        page = PageRange(now)  # the question begins now: the answer holds every commit made before
         try:
             rows, error, source, seconds = self._fetch(page)
         except Exception as exc:  # the thread must survive anything the endpoint or its client throws
             log.warning("data-quality page: asking for the numbers failed", exc_info=True)
             rows, error, source, seconds = None, f"asking the SQL endpoint failed: {exc}", None, None
-        answer = PageNumbers(page, current, rows, error, source, seconds, self._clock_ms())
+        answer = PageNumbers(page, current, rows, error, source, seconds, self._clock_ms(), asked_ms=now)
         with self._changed:
             self._latest = answer
             self._changed.notify_all()

@@ -27,6 +27,7 @@ DEFAULT_MAINTENANCE_CRON = "30 3 * * *"
 DEFAULT_SUPERVISOR_INTERVAL = timedelta(minutes=2)
 
 
+
 def kdq_default_args(**overrides: Any) -> dict[str, Any]:
     """Task defaults of every kdq DAG (retries with exponential backoff, a timeout), with per-DAG overrides."""
     return {

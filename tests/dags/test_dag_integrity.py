@@ -80,6 +80,7 @@ for dag_id, dag in bag.dags.items():
                 "template_fields": list(t.template_fields),
                 "job_args": list(getattr(t, "job_args", []) or []),
                 "upstream": sorted(t.upstream_task_ids),
+                "pool": t.pool,
             }
             for t in dag.tasks
         },
@@ -196,6 +197,22 @@ def test_supervisor_runs_one_at_a_time_and_stop_is_manual(parsed: dict) -> None:
     supervisor = parsed["dags"]["kdq_stream_supervisor"]
     assert supervisor["max_active_runs"] == 1 and supervisor["catchup"] is False
     assert parsed["dags"]["kdq_stream_stop"]["schedule"] is None
+
+
+def test_batch_jobs_share_one_pool_and_the_supervisor_keeps_a_slot(parsed: dict) -> None:
+    """The batch jobs' tasks run in kdq's one-slot pool; the stream's own DAGs stay in the default pool, so
+    with two task slots a supervisor run never waits for a maintenance or a recompute to end."""
+    from kdq.airflow_pools import BATCH_POOL, BATCH_POOL_SLOTS
+
+    assert BATCH_POOL_SLOTS == 1
+    pools = {
+        (dag_id, task_id): task["pool"] for dag_id, dag in parsed["dags"].items() for task_id, task in dag["tasks"].items()
+    }
+    batch = {"kdq_maintenance", "kdq_hourly_recompute", "kdq_rebuild"}
+    assert {key for key, pool in pools.items() if pool == BATCH_POOL} == {key for key in pools if key[0] in batch}
+    assert {pools[key] for key in pools if key[0] in {"kdq_stream_supervisor", "kdq_stream_stop"}} == {"default_pool"}
+    compose = (PROJECT_ROOT / "docker-compose.yml").read_text()
+    assert f"airflow pools set {BATCH_POOL} {BATCH_POOL_SLOTS} " in compose, "the deployment creates the pool"
 
 
 def test_rebuild_params_form(parsed: dict) -> None:

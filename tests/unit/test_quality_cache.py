@@ -50,16 +50,19 @@ def cache_of(tables: Tables, **kwargs) -> NumbersCache:
     return NumbersCache(tables.fetch, tables.generation, clock_ms=tables.clock, **kwargs)
 
 
-def test_an_answer_is_asked_for_once_per_generation() -> None:
+def test_an_answer_is_asked_for_once_per_change_at_most_every_min_interval() -> None:
     tables = Tables()
-    cache = cache_of(tables)
+    cache = cache_of(tables, min_interval_seconds=3, fresh_seconds=10)
     first = cache.renew_once()
     assert first is not None and first.rows["counts"][0]["valid"] == 0 and tables.asked == [NOW]
     assert cache.renew_once() is None, "nothing changed: no second question"
     tables.commit(7)
     tables.now += 1000
+    assert cache.renew_once() is None, "a change within min_interval of the last answer waits"
+    assert cache._fresh(first, tables.generation(), tables.now), "it holds every commit up to 1 s ago"
+    tables.now += 2000
     second = cache.renew_once()
-    assert second is not None and second.rows["counts"][0]["valid"] == 7 and second.page.now_ms == NOW + 1000
+    assert second is not None and second.rows["counts"][0]["valid"] == 7 and second.page.now_ms == NOW + 3000
     # The minute moves the page's ranges: asked again without any commit; the last answer stays fresh meanwhile
     # (every count in it is current; its ranges are as of its own instant).
     tables.now = (NOW // MINUTE_MS + 1) * MINUTE_MS
@@ -70,14 +73,39 @@ def test_an_answer_is_asked_for_once_per_generation() -> None:
 
 def test_a_commit_during_the_question_leaves_the_answer_due() -> None:
     tables = Tables()
-    cache = cache_of(tables)
+    cache = cache_of(tables, min_interval_seconds=3, fresh_seconds=10)
     tables.during_fetch = lambda: tables.commit(5)  # the stream commits while the statements run
     answer = cache.renew_once()
-    assert answer is not None and answer.generation == 0
+    assert answer is not None and answer.generation == 0 and answer.asked_ms == NOW
     tables.during_fetch = None
-    assert not cache._fresh(answer, tables.generation(), tables.now), "stale at once: a commit ran beside it"
+    tables.now += 3000
     assert cache.renew_once() is not None, "the answer may predate the commit: asked again"
+    tables.now += 3000
     assert cache.renew_once() is None
+
+
+def test_a_busy_stream_keeps_the_numbers_fresh_with_bounded_questions() -> None:
+    """Commits every second and questions of 2 s: "no change since" never holds, yet every page finds numbers
+    holding every commit up to 10 s ago, and the endpoint gets a question at most every 3 s + its length."""
+    tables = Tables()
+    cache = cache_of(tables, min_interval_seconds=3, fresh_seconds=10)
+
+    def slow_question() -> None:
+        tables.now += 2000
+        tables.commit(tables.valid + 1)
+
+    tables.during_fetch = slow_question
+    fresh_seen, questions = [], 0
+    for _ in range(120):  # two minutes, a look every second
+        tables.now += 1000
+        tables.commit(tables.valid + 1)
+        if cache.renew_once() is not None:
+            questions += 1
+        latest = cache._latest
+        fresh_seen.append(latest is not None and cache._fresh(latest, tables.generation(), tables.now))
+    assert all(fresh_seen[1:]), fresh_seen
+    elapsed_s = (tables.now - NOW) / 1000
+    assert questions <= elapsed_s / 5 + 1, (questions, elapsed_s)  # one per (3 s apart + 2 s long) at most
 
 
 def test_failures_are_answers_retried_after_a_pause_and_on_any_change() -> None:
@@ -119,7 +147,9 @@ def test_get_answers_at_once_and_the_thread_renews_in_the_background() -> None:
         slow.wait(5)  # a slow endpoint: get() must not wait for it
         return Tables.fetch(tables, page)
 
-    cache = NumbersCache(fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02)
+    cache = NumbersCache(
+        fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02, fresh_seconds=0, min_interval_seconds=0
+    )
     try:
         started = time.monotonic()
         latest, fresh = cache.get()
@@ -127,9 +157,11 @@ def test_get_answers_at_once_and_the_thread_renews_in_the_background() -> None:
         slow.set()
         latest, fresh = cache.wait_fresh(10)
         assert fresh and latest is not None and latest.rows["counts"][0]["valid"] == 0
+        slow.clear()  # the next question hangs until set
         tables.commit(3)
         latest, fresh = cache.get()
         assert not fresh and latest.rows["counts"][0]["valid"] == 0, "the old answer at once, marked stale"
+        slow.set()
         latest, fresh = cache.wait_fresh(10)
         assert fresh and latest.rows["counts"][0]["valid"] == 3
     finally:
@@ -139,7 +171,10 @@ def test_get_answers_at_once_and_the_thread_renews_in_the_background() -> None:
 def test_nobody_looking_means_no_questions() -> None:
     tables = Tables()
     tables.clock = lambda: int(time.time() * 1000)
-    cache = NumbersCache(tables.fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02, idle_seconds=0.2)
+    cache = NumbersCache(
+        tables.fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02, idle_seconds=0.2,
+        fresh_seconds=0, min_interval_seconds=0,
+    )
     try:
         cache.wait_fresh(10)
         asked = len(tables.asked)
@@ -157,7 +192,10 @@ def test_nobody_looking_means_no_questions() -> None:
 def test_warm_asks_once_before_anyone_looks() -> None:
     tables = Tables()
     tables.clock = lambda: int(time.time() * 1000)
-    cache = NumbersCache(tables.fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02, idle_seconds=0.1)
+    cache = NumbersCache(
+        tables.fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02, idle_seconds=0.1,
+        fresh_seconds=0, min_interval_seconds=0,
+    )
     try:
         cache.warm()
         deadline = time.monotonic() + 10

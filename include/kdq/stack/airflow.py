@@ -39,6 +39,7 @@ from typing import Any
 
 import requests
 
+from kdq.airflow_pools import BATCH_POOL, BATCH_POOL_DESCRIPTION, BATCH_POOL_SLOTS
 from kdq.config import Config
 from kdq.stack.procs import ManagedProcess, StackError, free_port, port_open, wait_until
 from kdq.stack.spark_cluster import product_caps_env
@@ -285,6 +286,22 @@ class LocalAirflow:
             )
         wait_until(self.healthy, timeout, "airflow", interval=1.0, alive=self.process.running,
                    log=self.process.log_tail)
+        self.ensure_batch_pool()
+
+    def ensure_batch_pool(self) -> None:
+        """The batch jobs' pool (:mod:`kdq.airflow_pools`), created once through the REST API: its tasks are not
+        scheduled without it. An operator's later change of its slots is kept."""
+        api = self.api()
+        found = api.request("GET", f"pools/{BATCH_POOL}")
+        if found.status_code == 200:
+            return
+        if found.status_code != 404:
+            raise StackError(f"airflow: reading pool {BATCH_POOL} failed: {found.status_code} {found.text[:300]}")
+        made = api.request(
+            "POST", "pools", json={"name": BATCH_POOL, "slots": BATCH_POOL_SLOTS, "description": BATCH_POOL_DESCRIPTION}
+        )
+        if made.status_code not in (200, 201, 409):  # 409: created meanwhile by another start
+            raise StackError(f"airflow: creating pool {BATCH_POOL} failed: {made.status_code} {made.text[:300]}")
 
     def wait_for_dags(self, dag_ids: tuple[str, ...] = KDQ_DAGS, timeout: float = 180.0) -> None:
         """Until the DAG processor has stored every DAG (the API lists it): triggers need that."""
