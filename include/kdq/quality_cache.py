@@ -69,7 +69,7 @@ class NumbersCache:
         generation: Callable[[], Hashable],
         *,
         poll_seconds: float = 0.25,
-        retry_seconds: float = 5.0,
+        retry_seconds: float = 2.0,
         fresh_seconds: float = 10.0,
         min_interval_seconds: float = 3.0,
         max_age_seconds: float = 60.0,

@@ -124,18 +124,27 @@ def _rows(config: Any, page: Any) -> tuple[dict[str, list[dict]] | None, str | N
         # page's one query worker: a configured endpoint that does not listen is reported before asking.
         return None, f"the SQL endpoint {url} does not accept connections", url, None
     started = time.monotonic()
-    future = _executor.submit(_query, url, page_queries(config.spark.database, page))
-    try:
-        rows = future.result(timeout=_timeout())
-    except FutureTimeout:
-        _forget(url)  # interrupts the running query, so the worker thread is free again
-        return None, f"the SQL endpoint {url} did not answer within {_timeout():.0f} s", url, None
-    except Exception as exc:  # a restarted endpoint forgets its sessions; the next load opens a new one
-        _forget(url)
-        log.warning("data-quality page: query through %s failed", url, exc_info=True)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        return None, f"the query through the SQL endpoint {url} failed: {first}", url, None
-    return rows, None, url, time.monotonic() - started
+    queries = page_queries(config.spark.database, page)
+    # A session kept from before may belong to an endpoint that restarted since (it forgets its sessions): when
+    # a kept one fails, one more try on a new session, within the same deadline.
+    with _sessions_lock:
+        tries = 2 if url in _sessions else 1
+    for attempt in range(1, tries + 1):
+        future = _executor.submit(_query, url, queries)
+        try:
+            rows = future.result(timeout=max(1.0, _timeout() - (time.monotonic() - started)))
+        except FutureTimeout:
+            _forget(url)  # interrupts the running query, so the worker thread is free again
+            return None, f"the SQL endpoint {url} did not answer within {_timeout():.0f} s", url, None
+        except Exception as exc:
+            _forget(url)
+            log.warning("data-quality page: query through %s failed (try %d of %d)", url, attempt, tries, exc_info=True)
+            if attempt < tries:
+                continue
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            return None, f"the query through the SQL endpoint {url} failed: {first}", url, None
+        return rows, None, url, time.monotonic() - started
+    raise AssertionError("unreachable: every try returns")
 
 
 def _listening(url: str) -> bool:
