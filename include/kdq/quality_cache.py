@@ -4,9 +4,10 @@ A page load must not wait for the SQL endpoint: under ``make run`` the endpoint 
 stream and the daily jobs, and one round of the page's statements takes from under a second to several.
 So the API server keeps the last answer (:class:`PageNumbers`) and one background thread asks again when it
 is out of date. Out of date means its *generation* changed: a cheap fingerprint of everything that changes
-what the statements return, read from files without Spark (see ``quality_app._generation``: the stream's
-progress log, which grows after every committed micro-batch; the writers journal, which every batch job
-appends to when it ends; the endpoint's address; the current minute, which moves the page's ranges).
+what the statements return, read from files without Spark (see ``quality_app._generation``: each local
+table's ``_delta_log`` folder, which every commit touches, or on object storage the stream's progress log
+and the writers journal; the endpoint's address and whether its process lives), or the minute moved (the
+page's ranges slide; handled here, not in the fingerprint).
 Numbers are *fresh* when they hold every commit made up to ``fresh_seconds`` ago: either nothing changed
 since their question began (same generation), or that question began at most ``fresh_seconds`` ago. The
 second half is what a busy stream needs: it commits every few seconds, often while a question runs, so "no
@@ -76,7 +77,8 @@ class NumbersCache:
         idle_seconds: float = 600.0,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
-        """``generation()``: the fingerprint of the tables' state (the minute is added here);
+        """``generation()``: the fingerprint of the tables' state (the minute is not part of it: :meth:`_due`
+        looks at the answer's own minute);
         ``poll_seconds``: how often the thread looks at it while a page is open; ``max_age_seconds``: an
         answer is renewed at least this often, for changes the fingerprint cannot see."""
         self._fetch = fetch
