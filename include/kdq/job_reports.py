@@ -254,8 +254,9 @@ class MaintenanceReport(JobReport):
     """``maintenance``: ``today`` (UTC date of the run), ``steps`` planned, ``skipped``: how many of them had
     nothing to do, and ``results`` by step description: OPTIMIZE's compacted ``partitions`` and
     ``files_removed``/``files_added``, VACUUM's ``vacuumed`` mode (LITE or FULL), the retention's
-    retired/deleted counts, or ``{"skipped": why}`` (no closed partition with new files, no archive partition
-    before the cutoff, nothing removed since a VACUUM, the stream behind the retirement instant)."""
+    retired/deleted counts, each with the ``seconds`` it took, or ``{"skipped": why}`` (no closed partition with
+    new files, no archive partition before the cutoff, nothing removed since a VACUUM, a table younger than the
+    VACUUM's retention, the stream behind the retirement instant)."""
 
     today: str = ""
     steps: int = 0

@@ -42,10 +42,11 @@ def _report_hook(job: str | None = None, **kwargs: Any) -> Any:
     shown in the UI).
 
     Overrides the provider's log processing (pinned provider version), still letting it see every line.
-    For a background job (``kdq.spark.submit.BACKGROUND_JOBS``: the maintenance) it also runs spark-submit
-    under ``nice`` and caps a local master of the connection to the job's cores (``local[1]``), as
-    ``kdq job`` does (``kdq.spark.submit.submit_command``); a cluster master is capped by ``spark.cores.max``
-    in the job's conf.
+    A batch job (every job but the stream and the SQL endpoint) runs its spark-submit under ``nice``
+    (``kdq.spark.submit.priority_prefix``); a background job (``kdq.spark.submit.BACKGROUND_JOBS``: the
+    maintenance) also has a local master of the connection capped to its cores (``local[1]``), as ``kdq job``
+    does (``kdq.spark.submit.submit_command``); a cluster master is capped by ``spark.cores.max`` in the job's
+    conf.
     """
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 

@@ -8,7 +8,7 @@ import sys
 import psutil
 
 from kdq.stack.manager import LocalStack
-from kdq.stack.procs import port_open
+from kdq.stack.procs import SERVICE_NICENESS, port_open
 from tests.conftest import PROJECT_ROOT, make_config
 
 
@@ -34,6 +34,8 @@ def test_up_status_up_down_leaves_nothing(tmp_path) -> None:
         assert "kafka" in status.stdout and "influxdb" in status.stdout
         assert status.stdout.count("healthy") >= 3 and "NOT healthy" not in status.stdout
         pids = {stack.kafka.process.process().pid, stack.influx.process.process().pid}
+        # The broker and InfluxDB give way to the SQL endpoint (kdq.stack.procs.SERVICE_NICENESS).
+        assert {psutil.Process(pid).nice() for pid in pids} == {SERVICE_NICENESS}
 
         again = _kdq(tmp_path, "up")
         assert again.returncode == 0, again.stdout + again.stderr

@@ -106,3 +106,18 @@ def test_a_lateness_over_a_day_keeps_changed_partitions_open(tmp_path: Path, lat
     tables = _tables(window_counts=TableState(compactable=frozenset({"2026-11-22", "2026-11-23"})))
     [step] = [s for s in maintenance_plan(config, TODAY, 30, tables=tables) if s.table == "window_counts" and s.action == "optimize"]
     assert step.where == "window_date IN (DATE'2026-11-22')"
+
+
+def test_no_vacuum_of_a_table_younger_than_the_retention() -> None:
+    """A table created less than the retention ago has nothing VACUUM may delete (every file it removed is
+    younger): the plan skips it, and says so; an older one, never vacuumed, is vacuumed."""
+    config = make_config(Path("/tmp/kdq-unused"))
+    now = 1_000 * HOUR_MS
+    young = TableState(last_data_commit_ms=now - HOUR_MS, created_ms=now - 167 * HOUR_MS)
+    old = TableState(last_data_commit_ms=now - HOUR_MS, created_ms=now - 168 * HOUR_MS)
+    assert not vacuum_needed(young, 168, now) and vacuum_needed(old, 168, now)
+    assert vacuum_needed(young, 168)  # no instant given: ages unknown
+    steps = maintenance_plan(config, TODAY, 30, tables=_tables(window_counts=young, raw_archive=old), now_ms=now)
+    vacuums = {s.table: s for s in steps if s.action == "vacuum"}
+    assert vacuums["window_counts"].skipped == "the table is younger than the 168 hours retention: nothing it removed can go yet"
+    assert vacuums["raw_archive"].skipped is None

@@ -100,15 +100,18 @@ def test_the_file_is_private_from_its_first_byte(tmp_path: Path) -> None:
 def test_the_maintenance_stays_in_the_background(tmp_path: Path) -> None:
     """Issue 25: the daily maintenance never takes the cores the stream and the SQL endpoint need: one core
     (local[1] for a local master, spark.cores.max=1 on a cluster) and its spark-submit under nice; the other
-    jobs are submitted as before."""
+    batch jobs run under nice with every core; the stream and the SQL endpoint at their parent's priority."""
     config = _config(tmp_path)  # local[2]
     command = submit_command(config, "maintenance", ["--archive-retention-days=30"])
     assert command[:3] == ["nice", "-n", "10"] and command[3].endswith("spark-submit")
     assert command[command.index("--master") + 1] == "local[1]"
     assert "spark.cores.max=1" in command
     recompute = submit_command(config, "batch_recompute", ["--start=0"])
-    assert recompute[0].endswith("spark-submit") and recompute[recompute.index("--master") + 1] == "local[2]"
+    assert recompute[:3] == ["nice", "-n", "10"] and recompute[3].endswith("spark-submit")
+    assert recompute[recompute.index("--master") + 1] == "local[2]"
     assert not any(arg.startswith("spark.cores.max=") for arg in recompute)
+    for long_running in ("stream_counts", "sql_endpoint"):
+        assert submit_command(config, long_running, [])[0].endswith("spark-submit")
 
     cluster = submission(_config(tmp_path, master="spark://10.0.0.5:7077"), "maintenance")
     assert cluster.master == "spark://10.0.0.5:7077" and cluster.conf["spark.cores.max"] == "1"
@@ -142,4 +145,6 @@ def test_the_airflow_operator_submits_the_maintenance_in_the_background(tmp_path
     assert "spark.cores.max=1" in command
     other = _report_hook(job="batch_recompute", conn_id="spark_default", application_args=[], **submit_settings(config, "batch_recompute"))
     command = other._build_spark_submit_command("batch_recompute.py")
-    assert command[0] != "nice" and command[command.index("--master") + 1] == "local[2]"
+    assert command[:3] == ["nice", "-n", "10"] and command[command.index("--master") + 1] == "local[2]"
+    stream = _report_hook(job="stream_counts", conn_id="spark_default", application_args=[], **submit_settings(config, "stream_counts"))
+    assert stream._build_spark_submit_command("stream_counts.py")[0] != "nice"

@@ -26,7 +26,9 @@ last commits (``DeltaTable.history(32)``), and :func:`maintenance_plan` (pure) d
   the table's directory), a ``FULL`` one (listing, also removes files of writes that died before their
   commit) once a week (:data:`FULL_VACUUM_WEEKDAY`) or when ``LITE`` cannot run (the log since the last
   VACUUM was cleaned up); none on a table whose last data commit was vacuumed at least the retention
-  later (every file it removed is gone; only VACUUM commits since).
+  later (every file it removed is gone; only VACUUM commits since), and no ``LITE`` one on a table created
+  less than the retention ago (no file it removed can be old enough yet: a new deployment's first week, the
+  local run's demo tables, vacuumed nothing and took most of the run's minutes).
 
 **Retention keeps every count.** Raw rows older than ``archive_retention_days`` are *retired* before
 they are deleted: their counts go to ``retired_counts``, and every later recompute of their windows
@@ -49,6 +51,7 @@ import dataclasses
 import datetime as dt
 import logging
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -72,12 +75,14 @@ class TableState:
     ``partitions``: every partition value holding a file; ``compactable``: those holding two or more files
     below OPTIMIZE's minimum size; ``last_data_commit_ms``: time of the newest commit other than a VACUUM
     (None: none among the last :data:`HISTORY_LOOKBACK`); ``last_vacuum_ms``: the newest completed VACUUM
-    after it (None: none)."""
+    after it (None: none); ``created_ms``: when the table was created (its metadata's ``createdTime``; None:
+    not recorded)."""
 
     partitions: frozenset[str] = frozenset()
     compactable: frozenset[str] = frozenset()
     last_data_commit_ms: int | None = None
     last_vacuum_ms: int | None = None
+    created_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -146,9 +151,12 @@ def vacuum_mode(today: dt.date) -> str:
     return "FULL" if today.weekday() == FULL_VACUUM_WEEKDAY else "LITE"
 
 
-def vacuum_needed(state: TableState, retain_hours: int) -> bool:
+def vacuum_needed(state: TableState, retain_hours: int, now_ms: int | None = None) -> bool:
     """False when every file the table's data commits removed was already eligible at a completed VACUUM
-    (the newest data commit is at least ``retain_hours`` older than a VACUUM after it)."""
+    (the newest data commit is at least ``retain_hours`` older than a VACUUM after it), or when the table was
+    created less than ``retain_hours`` before ``now_ms`` (nothing it removed is old enough to go)."""
+    if state.created_ms is not None and now_ms is not None and now_ms - state.created_ms < retain_hours * 3_600_000:
+        return False
     if state.last_data_commit_ms is None or state.last_vacuum_ms is None:
         return True
     return state.last_vacuum_ms - state.last_data_commit_ms < retain_hours * 3_600_000
@@ -160,11 +168,13 @@ def maintenance_plan(
     archive_retention_days: int,
     vacuum_retain_hours: int = MIN_VACUUM_RETAIN_HOURS,
     tables: Mapping[str, TableState] | None = None,
+    now_ms: int | None = None,
 ) -> list[Step]:
     """The steps the maintenance run executes, in order (pure, so tests can check the partition bounds).
 
     ``tables`` (:func:`table_state` of each table): what changed; without it every step runs on its whole
-    range (every closed partition, a full retention pass, a VACUUM of every table)."""
+    range (every closed partition, a full retention pass, a VACUUM of every table). ``now_ms``: the run's
+    instant, for the tables' ages (None: ages unknown, every table old enough)."""
     from kdq.spark.retention import retirement_instant
     from kdq.tables import ALL_TABLES, RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
@@ -196,8 +206,12 @@ def maintenance_plan(
     mode = vacuum_mode(today)
     for spec in ALL_TABLES:
         skipped = None
-        if tables is not None and mode == "LITE" and not vacuum_needed(tables[spec.name], vacuum_retain_hours):
-            skipped = f"no data commit since a VACUUM at least {vacuum_retain_hours} hours after the last one"
+        if tables is not None and mode == "LITE" and not vacuum_needed(tables[spec.name], vacuum_retain_hours, now_ms):
+            created = tables[spec.name].created_ms
+            if created is not None and now_ms is not None and now_ms - created < vacuum_retain_hours * 3_600_000:
+                skipped = f"the table is younger than the {vacuum_retain_hours} hours retention: nothing it removed can go yet"
+            else:
+                skipped = f"no data commit since a VACUUM at least {vacuum_retain_hours} hours after the last one"
         steps.append(Step("vacuum", spec.name, retain_hours=vacuum_retain_hours, mode=mode, skipped=skipped))
     return steps
 
@@ -229,8 +243,10 @@ def table_state(spark: Any, config: Any, spec: Any, files: bool = True) -> Table
         )
         partitions = frozenset(r["value"] for r in rows if r["value"] is not None)
         compactable = frozenset(r["value"] for r in rows if r["value"] is not None and r["small"] >= 2)
+    table = DeltaTable.forPath(spark, path)
+    created = table.detail().select(F.unix_millis("createdAt").alias("ms")).first()
     last_data = last_vacuum = None
-    for commit in DeltaTable.forPath(spark, path).history(HISTORY_LOOKBACK).select(
+    for commit in table.history(HISTORY_LOOKBACK).select(
         "operation", "operationParameters", F.unix_millis("timestamp").alias("ms")
     ).collect():  # newest first
         millis = int(commit["ms"])
@@ -240,7 +256,8 @@ def table_state(spark: Any, config: Any, spec: Any, files: bool = True) -> Table
         elif commit["operation"] != "VACUUM START":
             last_data = millis
             break
-    return TableState(partitions, compactable, last_data, last_vacuum)
+    created_ms = int(created["ms"]) if created is not None and created["ms"] is not None else None
+    return TableState(partitions, compactable, last_data, last_vacuum, created_ms)
 
 
 # -- the side effects ---------------------------------------------------------------------------------------
@@ -307,21 +324,28 @@ def run_step(spark: Any, config: Any, step: Step) -> Any:
 
 
 def run_maintenance(
-    spark: Any, config: Any, archive_retention_days: int, vacuum_retain_hours: int, today: dt.date
+    spark: Any, config: Any, archive_retention_days: int, vacuum_retain_hours: int, today: dt.date,
+    now_ms: int | None = None,
 ) -> MaintenanceReport:
-    """Run the plan's steps in ``spark``; returns what each did or why it was skipped (spark_jobs/maintenance.py
-    prints it)."""
+    """Run the plan's steps in ``spark``; returns what each did (with its ``seconds``) or why it was skipped
+    (spark_jobs/maintenance.py prints it). ``now_ms``: the instant the tables' ages are measured at (default:
+    now)."""
     from kdq.spark.tables import ensure_tables
     from kdq.tables import ALL_TABLES, RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
     ensure_tables(spark, config)
     planned = {RAW_ARCHIVE.name, WINDOW_COUNTS.name, SUMMARIES.name}
     tables = {spec.name: table_state(spark, config, spec, files=spec.name in planned) for spec in ALL_TABLES}
-    steps = maintenance_plan(config, today, archive_retention_days, vacuum_retain_hours, tables)
+    steps = maintenance_plan(config, today, archive_retention_days, vacuum_retain_hours, tables,
+                             int(time.time() * 1000) if now_ms is None else now_ms)
     results = {}
     for step in steps:
         log.info("maintenance: %s%s", step.describe(), f" skipped: {step.skipped}" if step.skipped else "")
-        results[step.describe()] = run_step(spark, config, step)
+        started = time.monotonic()
+        result = run_step(spark, config, step)
+        if not step.skipped and isinstance(result, dict):
+            result = {**result, "seconds": round(time.monotonic() - started, 1)}
+        results[step.describe()] = result
     return MaintenanceReport(
         today=today.isoformat(), steps=len(steps), skipped=sum(1 for s in steps if s.skipped), results=results
     )

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kdq.config import Config
-from kdq.stack.procs import ManagedProcess, StackError, port_open, wait_until
+from kdq.stack.procs import INTERACTIVE_NICENESS, ManagedProcess, StackError, port_open, wait_until
 
 # Loopback only: locally there is no authentication unless KDQ_SQL_PASSWORD is set (anyone on this
 # machine may read the counts, as they may read the Delta files); set, it is required on JDBC and Spark Connect. Each JDBC/Connect client gets its own session of the one driver
@@ -188,6 +188,7 @@ class LocalSqlEndpoint:
             # A conf only this process carries, unique per data folder (the stream's command line has the
             # same warehouse dir).
             marker=f"spark.kdq.sqlEndpoint.dataDir={config.data_dir}",
+            niceness=INTERACTIVE_NICENESS,  # it answers people: the one process of the stack at full priority
         )
 
     @property

@@ -1,0 +1,40 @@
+"""The local stack's processes run at a lower CPU priority than the SQL endpoint (kdq.stack.procs): a managed
+process is started under ``nice``, its threads and children inherit it, and the endpoint's keeps the default."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from kdq.stack.procs import INTERACTIVE_NICENESS, SERVICE_NICENESS, ManagedProcess, niced
+from kdq.stack.sql_endpoint import LocalSqlEndpoint
+from tests.conftest import make_config
+
+
+def test_niced_command_lines() -> None:
+    assert niced(["java", "-jar", "x.jar"], 10) == ["nice", "-n", "10", "java", "-jar", "x.jar"]
+    assert niced(["java"], 0) == ["java"]
+
+
+def test_a_managed_process_and_its_child_run_at_the_service_priority(tmp_path: Path) -> None:
+    marker = f"kdq-priority-test-{tmp_path.name}"
+    process = ManagedProcess("sleeper", tmp_path / "p.pid", tmp_path / "p.log", marker=marker)
+    child_code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    process.start([sys.executable, "-c", child_code, marker])
+    try:
+        proc = process.process()
+        assert proc is not None and marker in " ".join(proc.cmdline())  # found again by its marker after nice's exec
+        deadline = time.monotonic() + 10
+        while not proc.children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.nice() == SERVICE_NICENESS
+        children = proc.children()
+        assert children and {child.nice() for child in children} == {SERVICE_NICENESS}
+    finally:
+        assert process.stop(timeout=5)
+
+
+def test_the_sql_endpoint_keeps_the_default_priority(tmp_path: Path) -> None:
+    endpoint = LocalSqlEndpoint(make_config(tmp_path), connect_port=1, thrift_port=2)
+    assert endpoint.process.niceness == INTERACTIVE_NICENESS == 0
