@@ -18,6 +18,13 @@ fresh meanwhile: its counts are current, its ranges are as of its own instant, w
 ahead of ``max_age_seconds``. A page shows the answer at once, fresh or not, says how old it is, and its
 script asks again within half a second until it is fresh.
 
+Not every statement is asked every time: the counts are the page's numbers and are asked in every round, while
+a *slow statement* (``slow_statements``: the day's top reasons with their samples, which reads the raw archive,
+and the recent corrections) is asked again only once its own answer is ``slow_statements[name]`` seconds old; a
+round keeps the rows of the others from the answer before. Asking all three in every round after each of the
+stream's commits kept the endpoint a third busy with the page alone, and a BI tool's query beside it waited
+(benchmarks.local_run).
+
 The thread asks only while someone looks: it sleeps once no page was requested for ``idle_seconds``, so an
 API server with no viewer adds no load to the endpoint. Failures (the endpoint down or slow) are answers too,
 kept like numbers, and asked again after ``retry_seconds`` even when nothing else changed.
@@ -29,7 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kdq.quality_page import MINUTE_MS, PageRange
@@ -51,14 +58,16 @@ class PageNumbers:
     seconds: float | None = None  # how long the statements took
     computed_ms: int = 0  # when the answer arrived
     asked_ms: int = 0  # when the question began: the answer holds every commit made before then
+    statements_asked_ms: Mapping[str, int] = field(default_factory=dict)  # per statement, when its rows were asked
 
     @property
     def failed(self) -> bool:
         return self.rows is None
 
 
-# The question: the page's statements for a range -> (rows, error, source, seconds), as quality_app._rows.
-Fetch = Callable[[PageRange], tuple[Rows | None, str | None, str | None, float | None]]
+# The question: the page's statements for a range, only the named ones (None: every one) -> (rows by statement,
+# error, source, seconds), as quality_app._rows.
+Fetch = Callable[[PageRange, frozenset[str] | None], tuple[Rows | None, str | None, str | None, float | None]]
 
 
 class NumbersCache:
@@ -75,12 +84,14 @@ class NumbersCache:
         min_interval_seconds: float = 3.0,
         max_age_seconds: float = 60.0,
         idle_seconds: float = 600.0,
+        slow_statements: Mapping[str, float] | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         """``generation()``: the fingerprint of the tables' state (the minute is not part of it: :meth:`_due`
         looks at the answer's own minute);
         ``poll_seconds``: how often the thread looks at it while a page is open; ``max_age_seconds``: an
-        answer is renewed at least this often, for changes the fingerprint cannot see."""
+        answer is renewed at least this often, for changes the fingerprint cannot see; ``slow_statements``:
+        statement name -> seconds its rows are kept before it is asked again (the others: every round)."""
         self._fetch = fetch
         self._generation = generation
         self._poll = poll_seconds
@@ -90,6 +101,7 @@ class NumbersCache:
         self._max_age_ms = int(max_age_seconds * 1000)
         self._idle_ms = int(idle_seconds * 1000)
         self._clock_ms = clock_ms
+        self._slow_ms = {name: int(seconds * 1000) for name, seconds in (slow_statements or {}).items()}
         self._latest: PageNumbers | None = None
         self._demanded_ms = 0
         self._changed = threading.Condition()
@@ -163,16 +175,32 @@ class NumbersCache:
         if latest is not None and not self._due(latest, current, now):
             return None
         page = PageRange(now)  # the question begins now: the answer holds every commit made before
+        kept = self._kept_statements(latest, now)
+        names = None if not kept else frozenset(n for n in latest.rows if n not in kept)  # type: ignore[union-attr]
         try:
-            rows, error, source, seconds = self._fetch(page)
+            rows, error, source, seconds = self._fetch(page, names)
         except Exception as exc:  # the thread must survive anything the endpoint or its client throws
             log.warning("data-quality page: asking for the numbers failed", exc_info=True)
             rows, error, source, seconds = None, f"asking the SQL endpoint failed: {exc}", None, None
-        answer = PageNumbers(page, current, rows, error, source, seconds, self._clock_ms(), asked_ms=now)
+        asked = {name: now for name in (rows or {})}
+        if rows is not None and kept:
+            rows = {**{name: latest.rows[name] for name in kept}, **rows}  # type: ignore[union-attr]
+            asked = {**{name: latest.statements_asked_ms[name] for name in kept}, **asked}  # type: ignore[union-attr]
+        answer = PageNumbers(page, current, rows, error, source, seconds, self._clock_ms(), asked_ms=now,
+                             statements_asked_ms=asked)
         with self._changed:
             self._latest = answer
             self._changed.notify_all()
         return answer
+
+    def _kept_statements(self, latest: PageNumbers | None, now: int) -> set[str]:
+        """The slow statements whose rows ``latest`` has and that are not due yet (kept, not asked)."""
+        if latest is None or latest.failed:
+            return set()
+        return {
+            name for name, keep_ms in self._slow_ms.items()
+            if name in latest.rows and now - latest.statements_asked_ms.get(name, 0) < keep_ms  # type: ignore[operator]
+        }
 
     def _run(self) -> None:
         while True:

@@ -100,8 +100,11 @@ def _query(url: str, queries: dict[str, str]) -> dict[str, list[dict]]:
     return {name: rows_as_dicts(session.sql(sql).collect()) for name, sql in queries.items()}
 
 
-def _rows(config: Any, page: Any) -> tuple[dict[str, list[dict]] | None, str | None, str | None, float | None]:
-    """(rows per query, error, source, seconds): the page's statements over Spark Connect, with a deadline."""
+def _rows(
+    config: Any, page: Any, names: frozenset[str] | None = None
+) -> tuple[dict[str, list[dict]] | None, str | None, str | None, float | None]:
+    """(rows per query, error, source, seconds): the page's statements (``names``: only these; None: all) over
+    Spark Connect, with a deadline."""
     from kdq.quality_page import page_queries
     from kdq.stack.sql_endpoint import running_endpoint
 
@@ -124,7 +127,8 @@ def _rows(config: Any, page: Any) -> tuple[dict[str, list[dict]] | None, str | N
         # page's one query worker: a configured endpoint that does not listen is reported before asking.
         return None, f"the SQL endpoint {url} does not accept connections", url, None
     started = time.monotonic()
-    queries = page_queries(config.spark.database, page)
+    queries = {name: sql for name, sql in page_queries(config.spark.database, page).items()
+               if names is None or name in names}
     # A session kept from before may belong to an endpoint that restarted since (it forgets its sessions): when
     # a kept one fails, one more try on a new session, within the same deadline.
     with _sessions_lock:
@@ -258,6 +262,9 @@ def _generation(config: Any) -> tuple:
 
 _cache: Any = None
 _cache_lock = threading.Lock()
+# The page's statements asked less often than the counts (kdq.quality_cache): the day's top reasons with their
+# latest samples (the costliest: it reads the day's raw archive) and the recent corrections (rare).
+SLOW_STATEMENTS = {"reasons": 30.0, "corrections": 30.0}
 FIRST_ANSWER_SECONDS = 1.0  # a page with no answer at all yet waits this long for one, then paints without
 
 
@@ -271,8 +278,9 @@ def _numbers() -> Any:
     with _cache_lock:
         if _cache is None:
             _cache = NumbersCache(
-                fetch=lambda page: _rows(load_config(), page),
+                fetch=lambda page, names: _rows(load_config(), page, names),
                 generation=lambda: _generation(load_config()),
+                slow_statements=SLOW_STATEMENTS,
             )
         return _cache
 

@@ -3,6 +3,7 @@ process is started under ``nice``, its threads and children inherit it, and the 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,8 +14,11 @@ from tests.conftest import make_config
 
 
 def test_niced_command_lines() -> None:
-    assert niced(["java", "-jar", "x.jar"], 10) == ["nice", "-n", "10", "java", "-jar", "x.jar"]
-    assert niced(["java"], 0) == ["java"]
+    """The niceness is absolute: the increment is what this process lacks, nothing when it is already there."""
+    own = os.nice(0)
+    assert niced(["java", "-jar", "x.jar"], own + 10) == ["nice", "-n", "10", "java", "-jar", "x.jar"]
+    assert niced(["java"], own) == ["java"]
+    assert niced(["java"], own - 1) == ["java"]
 
 
 def test_a_managed_process_and_its_child_run_at_the_service_priority(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ class Tables:
         self.commits = 0
         self.valid = 0
         self.asked: list[int] = []
+        self.names: list[frozenset[str] | None] = []
         self.fail: Exception | None = None
         self.during_fetch = None  # called inside the fetch (a commit racing the statements)
         self.now = NOW
@@ -31,15 +32,17 @@ class Tables:
     def generation(self) -> int:
         return self.commits
 
-    def fetch(self, page: PageRange):
+    def fetch(self, page: PageRange, names: frozenset[str] | None = None):
         self.asked.append(page.now_ms)
+        self.names.append(names)
         if self.during_fetch is not None:
             self.during_fetch()
         if self.fail is not None:
             raise self.fail
         rows = {"counts": [{"scale": "hour", "topic": "t", "bucket_ms": page.now_ms // MINUTE_MS * MINUTE_MS,
-                            "valid": self.valid, "invalid": 0}]}
-        return rows, None, "sc://endpoint", 0.1
+                            "valid": self.valid, "invalid": 0}],
+                "reasons": [{"topic": "t", "reason": "not_json", "count": self.commits}]}
+        return {k: v for k, v in rows.items() if names is None or k in names}, None, "sc://endpoint", 0.1
 
     def commit(self, valid: int) -> None:
         self.valid = valid
@@ -143,9 +146,9 @@ def test_get_answers_at_once_and_the_thread_renews_in_the_background() -> None:
     tables.clock = lambda: int(time.time() * 1000)  # the thread runs in real time
     slow = threading.Event()
 
-    def fetch(page: PageRange):
+    def fetch(page: PageRange, names: frozenset[str] | None):
         slow.wait(5)  # a slow endpoint: get() must not wait for it
-        return Tables.fetch(tables, page)
+        return Tables.fetch(tables, page, names)
 
     cache = NumbersCache(
         fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02, fresh_seconds=0, min_interval_seconds=0
@@ -229,3 +232,30 @@ def test_the_page_says_how_current_its_numbers_are() -> None:
     fresh = render_page(build_model(page, rows, stream, numbers="fresh", numbers_ms=NOW, now_ms=NOW))
     assert '<body data-numbers="fresh">' in fresh and "Numbers current" in fresh
     assert f'data-field="page-ms" data-now-ms="{NOW}"' in fresh
+
+
+def test_a_slow_statement_is_asked_only_once_its_rows_are_old_enough() -> None:
+    """The counts are asked in every round; the reasons (slow: 30 s) keep their rows from the answer before
+    until those are 30 s old, then are asked again; a failure forgets nothing and the next answer asks all."""
+    tables = Tables()
+    cache = cache_of(tables, min_interval_seconds=3, slow_statements={"reasons": 30})
+    first = cache.renew_once()
+    assert tables.names == [None] and first.rows["reasons"][0]["count"] == 0
+    tables.commit(5)
+    tables.now += 4000
+    second = cache.renew_once()
+    assert tables.names[-1] == frozenset({"counts"})
+    assert second.rows["counts"][0]["valid"] == 5 and second.rows["reasons"] == first.rows["reasons"]  # kept
+    assert second.statements_asked_ms == {"counts": NOW + 4000, "reasons": NOW}
+    tables.commit(6)
+    tables.now = NOW + 30_000
+    third = cache.renew_once()
+    assert tables.names[-1] is None and third.rows["reasons"][0]["count"] == 2
+    assert third.statements_asked_ms == {"counts": NOW + 30_000, "reasons": NOW + 30_000}
+    tables.fail = RuntimeError("endpoint down")
+    tables.commit(7)
+    tables.now += 4000
+    assert cache.renew_once().failed
+    tables.fail = None
+    tables.now += 3000
+    assert cache.renew_once().rows["reasons"][0]["count"] == 3 and tables.names[-1] is None

@@ -34,10 +34,12 @@ INTERACTIVE_NICENESS = 0
 
 
 def niced(command: Sequence[str], niceness: int) -> list[str]:
-    """``command`` under ``nice -n <niceness>`` (inherited by its threads and children), or as is for 0 or where
-    there is no ``nice``."""
-    if niceness and shutil.which("nice"):
-        return ["nice", "-n", str(niceness), *command]
+    """``command`` under ``nice`` so that it runs at ``niceness`` (inherited by its threads and children), or as is
+    when this process already runs there or lower (an Airflow task at SERVICE_NICENESS starting the stream), or
+    where there is no ``nice``. ``nice -n`` adds to the caller's niceness, hence the difference."""
+    increment = niceness - os.nice(0)
+    if increment > 0 and shutil.which("nice"):
+        return ["nice", "-n", str(increment), *command]
     return list(command)
 
 
