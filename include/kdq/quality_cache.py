@@ -125,9 +125,13 @@ class NumbersCache:
         return latest, fresh
 
     def warm(self) -> None:
-        """One question soon even though no page was asked for yet, so the first page finds numbers (and the
-        Spark Connect client imported and connected: the first question of a process takes seconds)."""
+        """A question soon even though no page was asked for yet, and renewals for ``idle_seconds`` as if a
+        page had been: someone opened the Airflow UI (or ``make run`` started), so the first page finds current
+        numbers (and the Spark Connect client imported and connected, the endpoint's code paths warm: the first
+        rounds of a process take seconds; benchmarks.local_run saw 3-9 s for the first page after a start when
+        only one question was asked before it)."""
         with self._changed:
+            self._demanded_ms = max(self._demanded_ms, self._clock_ms())
             self._warm = True
             self._changed.notify_all()
         self._ensure_thread()

@@ -192,24 +192,33 @@ def test_nobody_looking_means_no_questions() -> None:
         cache.stop()
 
 
-def test_warm_asks_once_before_anyone_looks() -> None:
+def test_warm_asks_at_once_and_renews_for_idle_seconds_as_a_look_would() -> None:
     tables = Tables()
     tables.clock = lambda: int(time.time() * 1000)
     cache = NumbersCache(
-        tables.fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02, idle_seconds=0.1,
+        tables.fetch, tables.generation, clock_ms=tables.clock, poll_seconds=0.02, idle_seconds=1.0,
         fresh_seconds=0, min_interval_seconds=0,
     )
-    try:
-        cache.warm()
+
+    def asked(n: int) -> bool:
         deadline = time.monotonic() + 10
-        while not tables.asked and time.monotonic() < deadline:
+        while len(tables.asked) < n and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert len(tables.asked) == 1, "the warm-up asked once"
+        return len(tables.asked) >= n
+
+    try:
+        warmed = time.monotonic()
+        cache.warm()
+        assert asked(1), "the warm-up asked at once"
         tables.commit(2)
+        assert asked(2), "a commit within idle_seconds of the warm-up is asked for, as after a look"
+        time.sleep(max(0.0, 1.2 - (time.monotonic() - warmed)))
+        before = len(tables.asked)
+        tables.commit(3)
         time.sleep(0.3)
-        assert len(tables.asked) == 1, "and only once: nobody looks yet"
+        assert len(tables.asked) == before, "nobody looked since: no more questions"
         latest, fresh = cache.get()
-        assert latest is not None and not fresh and latest.rows["counts"][0]["valid"] == 0
+        assert latest is not None and not fresh and latest.rows["counts"][0]["valid"] == 2
     finally:
         cache.stop()
 
