@@ -22,6 +22,16 @@ final class BoundedBinaryDecoder extends Decoder {
     private int pos;
     private int limit;
 
+    /** The payload ends before the value does. No stack trace: truncated records may be frequent. */
+    static final class Truncated extends EOFException {
+        private static final long serialVersionUID = 1L;
+
+        @Override
+        public synchronized Throwable fillInStackTrace() {
+            return this;
+        }
+    }
+
     void reset(byte[] value, int offset) {
         this.buf = value;
         this.pos = offset;
@@ -34,7 +44,7 @@ final class BoundedBinaryDecoder extends Decoder {
 
     private int next() throws EOFException {
         if (pos >= limit) {
-            throw new EOFException();
+            throw new Truncated();
         }
         return buf[pos++] & 0xff;
     }
@@ -105,14 +115,14 @@ final class BoundedBinaryDecoder extends Decoder {
             throw new MalformedData("negative length " + len);
         }
         if (len > limit - pos) {
-            throw new EOFException("length " + len + " past the end");
+            throw new Truncated();
         }
         return (int) len;
     }
 
     private void need(int n) throws EOFException {
         if (n > limit - pos) {
-            throw new EOFException();
+            throw new Truncated();
         }
     }
 

@@ -26,6 +26,10 @@ public final class SchemaCache {
     /** Default re-check interval of negative answers. */
     public static final long DEFAULT_RECHECK_NANOS = 60_000_000_000L;
 
+    /** Negative answers kept per cache (unknown ids) and per subject (ids not in it) before they are dropped. */
+    static final int MAX_NEGATIVE = 100_000;
+
+    private final java.util.concurrent.atomic.AtomicInteger negatives = new java.util.concurrent.atomic.AtomicInteger();
     private final SchemaSource source;
     private final long recheckNanos;
     private final LongSupplier clock;
@@ -73,6 +77,12 @@ public final class SchemaCache {
                 throw ex;
             }
             CompiledSchema compiled = registered == null ? null : compile(id, registered);
+            if (compiled == null && stale == null && negatives.incrementAndGet() > MAX_NEGATIVE) {
+                // Values that only look framed (a first byte 0, random ids): forget the negative answers rather
+                // than grow; each is asked again at most once per re-check interval anyway.
+                byId.values().removeIf(x -> x.schema == null);
+                negatives.set(0);
+            }
             byId.put(id, new Entry(compiled, clock.getAsLong()));
             return compiled;
         }
@@ -108,10 +118,17 @@ public final class SchemaCache {
         return r;
     }
 
-    private final ConcurrentHashMap<Integer, Object> locks = new ConcurrentHashMap<>();
+    /** Striped fetch locks: one per id would grow with every garbage id a topic carries. */
+    private final Object[] stripes = new Object[64];
+
+    {
+        for (int i = 0; i < stripes.length; i++) {
+            stripes[i] = new Object();
+        }
+    }
 
     private Object lockFor(int id) {
-        return locks.computeIfAbsent(id, k -> new Object());
+        return stripes[Math.floorMod(id, stripes.length)];
     }
 
     private static final class Entry {
@@ -159,6 +176,9 @@ public final class SchemaCache {
                 if (ids.contains(id)) {
                     notMember.remove(id);
                     return true;
+                }
+                if (notMember.size() >= MAX_NEGATIVE) {
+                    notMember.clear();
                 }
                 notMember.put(id, clock.getAsLong());
                 return false;
