@@ -29,13 +29,18 @@ final class AvroSchemaDecoder extends CompiledSchema {
     /**
      * Parses the schema (references resolved through {@code references}, which may throw
      * {@link RegistryUnavailableException}: then nothing is cached and the id is asked again). A schema Avro
-     * refuses is a fixed verdict {@code internal_error:<Exception>} for its records (a registry that accepted it
+     * refuses, or whose reference the registry does not have, is a fixed verdict {@code internal_error:<Exception>} for its records (a registry that accepted it
      * will keep serving it; retrying cannot help).
      */
     static CompiledSchema compile(int id, RegisteredSchema registered,
             Function<SchemaReference, RegisteredSchema> references) {
         List<String> texts = new ArrayList<>();
-        collect(registered, references, texts, new HashSet<>(), 0);
+        try {
+            collect(registered, references, texts, new HashSet<>(), 0);
+        } catch (IllegalArgumentException e) {
+            // a reference the registry does not have (404), or a loop: as permanent as a schema Avro refuses
+            return fixed(id, RegistryReasons.INTERNAL_ERROR_PREFIX + e.getClass().getSimpleName());
+        }
         try {
             Schema.Parser parser = new Schema.Parser();
             Schema schema = null;

@@ -167,6 +167,19 @@ class AvroDecodingTest {
     }
 
     @Test
+    void schemasTheLibraryRefusesAreAVerdictNotARetry() {
+        int missingRef = registry.register("broken-value", "AVRO", "{\"type\":\"record\",\"name\":\"B\",\"fields\":["
+                + "{\"name\":\"x\",\"type\":\"io.kdq.Nowhere\"}]}", new SchemaReference("io.kdq.Nowhere", "nowhere", 1));
+        assertEquals("internal_error:IllegalArgumentException", decoder.decode("broken-value",
+                Avro.frame(missingRef, new byte[] {2})).problem);
+        int unparsable = registry.register("broken2-value", "AVRO", "{\"type\":\"record\",\"name\":\"C\"}");
+        assertEquals("internal_error:SchemaParseException", decoder.decode("broken2-value",
+                Avro.frame(unparsable, new byte[] {2})).problem);
+        assertEquals("unsupported_schema_type:PROTOBUF", decoder.decode("ev-value", Avro.frame(registry.register(
+                "ev-value", "PROTOBUF", "syntax = \"proto3\";\nmessage E { string id = 1; }\n"), new byte[] {0})).problem);
+    }
+
+    @Test
     void fixedDecimalsAndUuids() {
         String s = "{\"type\":\"record\",\"name\":\"F\",\"fields\":[{\"name\":\"d\",\"type\":{\"type\":\"fixed\","
                 + "\"name\":\"D\",\"size\":4,\"logicalType\":\"decimal\",\"precision\":9,\"scale\":3}},"
