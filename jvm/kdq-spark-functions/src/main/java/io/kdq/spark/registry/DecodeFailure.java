@@ -1,0 +1,43 @@
+package io.kdq.spark.registry;
+
+import java.util.ArrayDeque;
+
+/**
+ * A payload that did not decode, with where: the path is built while the exception unwinds (each record field,
+ * array element and map value adds its step), so decoding a good record pays nothing for it.
+ */
+final class DecodeFailure extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+    private final transient ArrayDeque<String> path = new ArrayDeque<>();
+
+    DecodeFailure(Throwable cause) {
+        super(cause == null ? null : cause.toString(), cause, false, false);
+    }
+
+    DecodeFailure under(String step) {
+        path.addFirst(step);
+        return this;
+    }
+
+    /** The JSON pointer (RFC 6901) of the value that did not decode; {@link RegistryReasons#ROOT} for the root. */
+    String pointer() {
+        if (path.isEmpty()) {
+            return RegistryReasons.ROOT;
+        }
+        StringBuilder sb = new StringBuilder();
+        for (String step : path) {
+            sb.append('/');
+            for (int i = 0; i < step.length(); i++) {
+                char c = step.charAt(i);
+                if (c == '~') {
+                    sb.append("~0");
+                } else if (c == '/') {
+                    sb.append("~1");
+                } else {
+                    sb.append(c);
+                }
+            }
+        }
+        return sb.toString();
+    }
+}

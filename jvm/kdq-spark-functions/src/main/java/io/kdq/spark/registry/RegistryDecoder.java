@@ -1,0 +1,42 @@
+package io.kdq.spark.registry;
+
+/**
+ * Judges one registry-framed Kafka value against a topic's subject, in one pass: {@code null_value},
+ * {@code no_magic_byte}, {@code unknown_schema_id}, {@code schema_not_for_subject}, then the payload's decoding
+ * ({@code avro:<pointer>}) or the decoded record. Thread-safe; holds no per-record state.
+ *
+ * <p>The schema comes from the header's id, from the {@link SchemaCache} (a registry request only the first time
+ * an id is met); so does the subject check. A registry that cannot answer a question not cached yet makes
+ * {@link #decode} throw {@link RegistryUnavailableException}: the caller fails the task, and the retried batch
+ * judges the record then, never a guess now.
+ */
+public final class RegistryDecoder {
+    private final SchemaCache cache;
+
+    public RegistryDecoder(SchemaCache cache) {
+        this.cache = cache;
+    }
+
+    /**
+     * @param subject the topic's subject ({@code <topic>-value} by the topic-name strategy), or null to accept any
+     *                registered id (record-name strategies check the record's name instead: a later step)
+     * @throws RegistryUnavailableException when the answer needs the registry and it does not answer
+     */
+    public Verdict decode(String subject, byte[] value) {
+        if (value == null) {
+            return Verdict.problem(RegistryReasons.NULL_VALUE, -1);
+        }
+        if (!WireFormat.framed(value)) {
+            return Verdict.problem(RegistryReasons.NO_MAGIC_BYTE, -1);
+        }
+        int id = WireFormat.schemaId(value);
+        CompiledSchema schema = cache.schema(id);
+        if (schema == null) {
+            return Verdict.problem(RegistryReasons.UNKNOWN_SCHEMA_ID, id);
+        }
+        if (subject != null && !cache.inSubject(subject, id)) {
+            return Verdict.problem(RegistryReasons.SCHEMA_NOT_FOR_SUBJECT, id);
+        }
+        return schema.decode(value, WireFormat.HEADER);
+    }
+}
