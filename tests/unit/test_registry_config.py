@@ -112,7 +112,7 @@ def test_local_registry_command_is_loopback_on_disk_and_sized(tmp_path: Path) ->
     registry = LocalRegistry(config, 18081)
     command = registry.command()
     assert "-Dquarkus.http.host=127.0.0.1" in command and "-Dquarkus.http.port=18081" in command
-    assert f"-Dapicurio.datasource.url=jdbc:h2:file:{tmp_path / 'registry' / 'db' / 'registry'}" in command
+    assert f"-Dapicurio.datasource.url=jdbc:h2:file:{tmp_path / 'registry' / 'db' / 'registry'};WRITE_DELAY=0" in command
     assert "-Dapicurio.storage.kind=sql" in command and "-Dapicurio.storage.sql.kind=h2" in command
     assert "-Xmx256m" in command
     assert command[-2] == "-jar" and command[-1] == str(registry.runner_jar())
