@@ -5,7 +5,8 @@
 #     (the Airflow UI test) if missing;
 #   - .venv from requirements.txt, plus the kdq package itself (editable);
 #   - the JVM jars from Maven Central (Kafka broker; Spark's Kafka connector and Delta)
-#     into .cache/jars/, and kdq's own jvm/kdq-spark-functions built (with its tests) into
+#     into .cache/jars/; the Schema Registry (Apicurio Registry's application) unpacked into
+#     .cache/jars/schema-registry/; kdq's own jvm/kdq-spark-functions built (with its tests) into
 #     .cache/jars/kdq/kdq-spark-functions.jar; the benchmark's Kafka Streams baseline (jvm/kstreams-baseline)
 #     built with its dependencies into .cache/jars/kstreams-baseline/.
 # Each step is skipped when its inputs have not changed (stamp files in .cache/), so a
@@ -101,6 +102,32 @@ if [ "${KDQ_SETUP_S3:-0}" = 1 ]; then
   fi
 fi
 
+# --- The Schema Registry (jvm/schema-registry): Apicurio Registry's whole application ------------------
+# The Quarkus application as Apicurio publishes it to Maven Central (io.apicurio:apicurio-registry-app:<version>:
+# tar.gz:all, 104 MB; the pom says why it is fetched as a file of the repository), checked against the SHA-256 the
+# pom pins, unpacked into .cache/jars/schema-registry/ (the runner jar beside its lib/), where kdq.stack.registry
+# runs it with `java -jar` (make run starts it). Unpacked beside and then moved into place, so an interrupted
+# fetch leaves no half folder that would look ready.
+reg_dir=jvm/schema-registry
+reg_out=$CACHE/jars/schema-registry
+reg_hash=$(hash_of "$reg_dir/pom.xml")
+if ! stamp_ok schema-registry "$reg_hash" || ! compgen -G "$reg_out/apicurio-registry-app-*-runner.jar" >/dev/null; then
+  say "fetching the Schema Registry (Apicurio Registry, 104 MB) with Maven"
+  rm -rf "$reg_out.tmp" && mkdir -p "$reg_out.tmp"
+  archive=$reg_out.tmp/registry.tar.gz
+  mvn -q -B -f "$reg_dir/pom.xml" wagon:download-single@fetch -Dregistry.archive="$archive" \
+    || die "Maven could not fetch the Schema Registry (io.apicurio:apicurio-registry-app, see the output above)"
+  want=$(sed -n 's:.*<apicurio.sha256>\([0-9a-f]*\)</apicurio.sha256>.*:\1:p' "$reg_dir/pom.xml")
+  got=$(sha256sum "$archive" | cut -d' ' -f1)
+  [ -n "$want" ] && [ "$got" = "$want" ] || die "the Schema Registry archive's SHA-256 is $got, not $want ($reg_dir/pom.xml)"
+  tar -xzf "$archive" -C "$reg_out.tmp" && rm -f "$archive" || die "could not unpack the Schema Registry archive"
+  compgen -G "$reg_out.tmp/apicurio-registry-app-*-runner.jar" >/dev/null \
+    || die "the Schema Registry archive has no apicurio-registry-app-*-runner.jar ($reg_dir/pom.xml)"
+  rm -rf "$reg_out"
+  mv "$reg_out.tmp" "$reg_out"
+  stamp_set schema-registry "$reg_hash"
+fi
+
 # --- kdq's own Spark functions (jvm/kdq-spark-functions): one shaded jar ---------------
 # The JSON Schema classifier UDF (io.kdq.spark.Classifier) and the SQL endpoint's read-only rule
 # (io.kdq.spark.ReadOnlyExtension). `package` runs the module's JUnit tests (reasons, event time, the
@@ -139,4 +166,4 @@ if ! stamp_ok kstreams-baseline "$ksb_hash" || [ ! -f "$ksb_out/kstreams-baselin
   stamp_set kstreams-baseline "$ksb_hash"
 fi
 
-say "ready: .venv, $(ls "$CACHE/jars/kafka" | wc -l) Kafka jars, $(ls "$CACHE/jars/spark" | wc -l) Spark connector jars, $(influxd version 2>/dev/null | head -1)"
+say "ready: .venv, $(ls "$CACHE/jars/kafka" | wc -l) Kafka jars, $(ls "$CACHE/jars/spark" | wc -l) Spark connector jars, $(basename "$(ls "$CACHE"/jars/schema-registry/apicurio-registry-app-*-runner.jar)" -runner.jar), $(influxd version 2>/dev/null | head -1)"

@@ -22,7 +22,9 @@ def _up(config: Config, args: argparse.Namespace) -> int:
     from kdq.stack.procs import StackError
 
     try:
-        statuses = LocalStack(config, with_sql_endpoint=not args.no_sql_endpoint, cluster=args.cluster).up()
+        statuses = LocalStack(
+            config, with_sql_endpoint=not args.no_sql_endpoint, cluster=args.cluster, with_registry=not args.no_registry
+        ).up()
     except StackError as exc:
         print(f"kdq up: {exc}", file=sys.stderr)
         return 1
@@ -331,7 +333,7 @@ def _run(config: Config, args: argparse.Namespace) -> int:
         signal.signal(sig, interrupt)
     # --cluster: three brokers and the standalone master, its workers sized for the stream, the SQL endpoint
     # and the batch jobs side by side (docs/cluster.md). The shape asked for, not the recorded one.
-    stack = LocalStack(config, with_sql_endpoint=True, cluster=args.cluster, product=True)
+    stack = LocalStack(config, with_sql_endpoint=True, cluster=args.cluster, product=True, with_registry=True)
     try:
         stack.check_shape()
     except StackError as exc:  # refused before anything started: leave what runs alone (no down below)
@@ -368,8 +370,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kdq", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="config file (default: $KDQ_CONFIG or kdq.toml)")
     commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("up", help="start the local stack (Kafka, InfluxDB, SQL endpoint) and wait until healthy")
+    up = commands.add_parser(
+        "up", help="start the local stack (Kafka, InfluxDB, SQL endpoint, Schema Registry) and wait until healthy"
+    )
     up.add_argument("--no-sql-endpoint", action="store_true", help="without the SQL endpoint (a Spark driver)")
+    up.add_argument(
+        "--no-registry", action="store_true",
+        help="without the Schema Registry (started only while registry.url is empty)",
+    )
     up.add_argument(
         "--cluster", action="store_true",
         help="three Kafka brokers (RF 3) and a Spark standalone master with two workers instead of one broker "

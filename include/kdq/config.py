@@ -387,6 +387,64 @@ class InfluxConfig(_Section):
         return value
 
 
+class RegistryConfig(_Section):
+    """The Schema Registry kdq reads schemas from (issue 28): its Confluent-compatible REST API, whichever product
+    serves it (Confluent Schema Registry, Apicurio Registry's ``/apis/ccompat/v7``, Karapace, Redpanda).
+
+    Secrets (``password``, ``bearer_token``) belong in the environment (``KDQ_REGISTRY__PASSWORD``,
+    ``KDQ_REGISTRY__BEARER_TOKEN``), not in kdq.toml, which is kept with the project; like every key matching
+    :data:`SECRET_KEY` they are never shown in a message."""
+
+    url: str = Field(
+        default="",
+        description="base URL of the Confluent-compatible API (http://host:8081, https://host/apis/ccompat/v7); "
+        "empty: the local stack's Apicurio Registry (make run)",
+    )
+    username: str = Field(default="", description="HTTP basic auth user (with password)")
+    password: str = Field(default="", description="HTTP basic auth password (KDQ_REGISTRY__PASSWORD)")
+    bearer_token: str = Field(
+        default="", description="a static bearer token (KDQ_REGISTRY__BEARER_TOKEN), instead of basic auth"
+    )
+    logical_cluster: str = Field(
+        default="",
+        description="with bearer_token on Confluent Cloud: the registry's logical cluster id (lsrc-...), sent as "
+        "target-sr-cluster; other registries ignore it",
+    )
+    ca_file: str = Field(
+        default="",
+        description="PEM file of the certificate authorities that sign an https:// registry's certificate (relative "
+        "paths: from the config file's folder); empty: the system's trust store",
+    )
+    local_port: int = Field(default=0, ge=0, le=65535, description="the local registry's port; 0 picks a free one once")
+    timeout_seconds: float = Field(default=10.0, gt=0, description="per request to the registry")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not value:
+            return value
+        match = re.fullmatch(r"(https?)://([^/?#\s]+)(/[^?#\s]*)?", value)
+        if not match:
+            raise ValueError(
+                "expected the http(s):// base URL of a Confluent-compatible registry API, such as http://host:8081 or "
+                "https://host/apis/ccompat/v7 (no query or fragment)"
+            )
+        if "@" in match.group(2):
+            # Credentials in the URL would be in every message and log line naming it.
+            raise ValueError("credentials in the URL (user:password@) are not supported: set registry.username and "
+                             "KDQ_REGISTRY__PASSWORD, or KDQ_REGISTRY__BEARER_TOKEN")
+        return value
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, value: str) -> str:
+        return value.strip()
+
+
+# The path of the Confluent-compatible API on Apicurio Registry, the local stack's registry (kdq.stack.registry).
+LOCAL_REGISTRY_API = "/apis/ccompat/v7"
+
 SUMMARY_PATTERN_PREFIX = "re:"
 _PATH_SEGMENT = re.compile(r"[^.\s'\"]+")
 
@@ -499,6 +557,7 @@ class Config(_Section):
     spark: SparkConfig = SparkConfig()
     stream: StreamConfig = StreamConfig()
     influxdb: InfluxConfig = InfluxConfig()
+    registry: RegistryConfig = RegistryConfig()
     summaries: tuple[SummaryConfig, ...] = ()
 
     @model_validator(mode="after")
@@ -515,6 +574,30 @@ class Config(_Section):
                     f"summaries[{i}].window_seconds: {summary.window_seconds} is not a multiple of "
                     f"stream.window_seconds ({self.stream.window_seconds})"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _registry_settings(self) -> Config:
+        """Checks across the [registry] keys, here so that each message names its keys alone (no input echoed) and
+        the CA file is looked for where :meth:`path` resolves it."""
+        registry = self.registry
+        if bool(registry.username) != bool(registry.password):
+            missing = "registry.password (KDQ_REGISTRY__PASSWORD)" if registry.username else "registry.username"
+            raise ValueError(f"registry: basic auth needs registry.username and registry.password; {missing} is not set")
+        if registry.bearer_token and registry.username:
+            raise ValueError("registry: set either basic auth (registry.username/password) or registry.bearer_token, not both")
+        if registry.logical_cluster and not registry.bearer_token:
+            raise ValueError("registry.logical_cluster goes with registry.bearer_token, which is not set")
+        if (registry.password or registry.bearer_token) and not registry.url:
+            raise ValueError(
+                "registry: credentials are set but registry.url is empty (the local stack's registry takes none); "
+                "set registry.url to the registry they are for"
+            )
+        if registry.ca_file:
+            if not registry.url.startswith("https://"):
+                raise ValueError("registry.ca_file is set but registry.url is not an https:// URL")
+            if not self.path(registry.ca_file).is_file():
+                raise ValueError(f"registry.ca_file: no such file: {self.path(registry.ca_file)}")
         return self
 
     def with_summaries(self, summaries: Sequence[Mapping[str, Any] | SummaryConfig]) -> Config:
@@ -619,6 +702,36 @@ class Config(_Section):
             )
         return f"http://127.0.0.1:{port}"
 
+    def registry_url(self) -> str:
+        """``registry.url``, else the local stack's registry (its Confluent-compatible API) once `make run` has
+        recorded its port; a ConfigError saying what to do when neither is there."""
+        if self.registry.url:
+            return self.registry.url
+        port = self.local_state().get("registry_port")
+        if not port:
+            raise ConfigError(
+                "registry.url is empty and no local Schema Registry is recorded in "
+                f"{self.state_file}: start the local stack with `make run` (or `kdq up`) or set KDQ_REGISTRY__URL"
+            )
+        return f"http://127.0.0.1:{port}{LOCAL_REGISTRY_API}"
+
+    def registry_client_conf(self) -> dict[str, Any]:
+        """Settings of Confluent's Schema Registry clients (``confluent_kafka.schema_registry.SchemaRegistryClient``;
+        the Java client's keys are the same): the URL, basic auth or a static bearer token, the CA file."""
+        conf: dict[str, Any] = {"url": self.registry_url(), "timeout": self.registry.timeout_seconds}
+        if self.registry.username:
+            conf["basic.auth.user.info"] = f"{self.registry.username}:{self.registry.password}"
+        if self.registry.bearer_token:
+            conf |= {
+                "bearer.auth.credentials.source": "STATIC_TOKEN",
+                "bearer.auth.token": self.registry.bearer_token,
+                # Required by the Python client (Confluent Cloud's header); any other registry ignores it.
+                "bearer.auth.logical.cluster": self.registry.logical_cluster,
+            }
+        if self.registry.ca_file:
+            conf["ssl.ca.location"] = str(self.path(self.registry.ca_file))
+        return conf
+
     def kafka_client_conf(self) -> dict[str, str]:
         """librdkafka/Java client settings shared by every client we create."""
         return {"bootstrap.servers": self.kafka_bootstrap(), **self.kafka.client}
@@ -661,6 +774,7 @@ _SECTIONS: dict[str, type[_Section]] = {
     "spark": SparkConfig,
     "stream": StreamConfig,
     "influxdb": InfluxConfig,
+    "registry": RegistryConfig,
 }
 
 

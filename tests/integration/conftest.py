@@ -17,6 +17,7 @@ import pytest
 from kdq.config import Config
 from kdq.stack.airflow import LocalAirflow
 from kdq.stack.manager import LocalStack
+from kdq.stack.registry import LocalRegistry
 from tests.conftest import make_config
 
 
@@ -34,6 +35,21 @@ def local_stack(stack_config: Config) -> Iterator[LocalStack]:
         yield stack
     finally:
         stack.down()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
+    """The local stack's Schema Registry (Apicurio, storage on disk in its own data folder) for the session, on a
+    port that stays its own across a restart (quiet_port); clients use ``schema_registry.url`` (the
+    Confluent-compatible API). A test may stop and start it again: the same port and schemas come back."""
+    from kdq.stack.procs import quiet_port
+
+    registry = LocalRegistry(make_config(tmp_path_factory.mktemp("registry")), quiet_port())
+    try:
+        registry.start(timeout=180)
+        yield registry
+    finally:
+        registry.stop()
 
 
 @pytest.fixture

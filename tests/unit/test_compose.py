@@ -39,6 +39,8 @@ REQUIRED_SERVICES = {
     "influxdb",
     "grafana",
     "sql-endpoint",
+    "registry-db-init",
+    "schema-registry",
 }
 AIRFLOW_SERVICES = (
     "airflow-init",
@@ -65,6 +67,7 @@ SECRETS = {
     "GRAFANA_SECRET_KEY": "test-grafana-key",
     "KDQ_SQL_PASSWORD": "test-sql-password",
     "KDQ_SQL_TLS_KEYSTORE_PASSWORD": "test-sql-keystore",
+    "KDQ_REGISTRY_DB_PASSWORD": "test-registry-db",
 }
 # Optional variables (harmless defaults in the file).
 OPTIONAL_VARIABLES = (
@@ -83,6 +86,7 @@ OPTIONAL_VARIABLES = (
     "KDQ_DYNAMODB_TABLE",
     "KDQ_DYNAMODB_REGION",
     "KDQ_DYNAMODB_ENDPOINT",
+    "KDQ_REGISTRY_BIND_ADDRESS",
 )
 # Passed through to the containers when set (S3A's default credential chain reads them), never interpolated.
 AWS_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
@@ -108,6 +112,9 @@ ALLOWED_SECRETS = {
     "influxdb": {"KDQ_INFLUXDB_PASSWORD", "KDQ_INFLUXDB_TOKEN"},
     "grafana": {"GRAFANA_ADMIN_PASSWORD", "GRAFANA_SECRET_KEY", "KDQ_INFLUXDB_TOKEN"},
     "sql-endpoint": {"KDQ_SQL_PASSWORD", "KDQ_SQL_TLS_KEYSTORE_PASSWORD", *AWS_CREDENTIALS},
+    # Creates the registry's database and user as Airflow's database owner; the registry holds its own login only.
+    "registry-db-init": {"KDQ_POSTGRES_PASSWORD", "KDQ_REGISTRY_DB_PASSWORD"},
+    "schema-registry": {"KDQ_REGISTRY_DB_PASSWORD"},
 }
 # Unset in the test's process environment, so only the env file below counts.
 COMPOSE_VARIABLES = (*SECRETS, *OPTIONAL_VARIABLES, *AWS_CREDENTIALS)
@@ -593,11 +600,13 @@ def test_kdq_settings_point_at_the_services(compose: dict[str, Any]) -> None:
         },
         "spark-master": {int(master_cmd[master_cmd.index("--port") + 1])},
         "influxdb": set(_published_ports(services["influxdb"])),
+        "schema-registry": set(_published_ports(services["schema-registry"])),
     }
     addresses = [
         *(address.split(":") for address in env["KDQ_KAFKA__BOOTSTRAP_SERVERS"].split(",")),
         re.match(r"spark://([^:]+):(\d+)$", env["KDQ_SPARK__MASTER"]).groups(),
         re.match(r"https?://([^:]+):(\d+)$", env["KDQ_INFLUXDB__URL"]).groups(),
+        re.match(r"https?://([^:]+):(\d+)/apis/ccompat/v7$", env["KDQ_REGISTRY__URL"]).groups(),
     ]
     for host, port in addresses:
         assert host in services, f"{host} is not a service"
@@ -624,6 +633,35 @@ def test_compose_kdq_settings_are_a_valid_kdq_config(compose: dict[str, Any]) ->
     assert config.influx_url() == "http://influxdb:8086"
     assert (config.influxdb.org, config.influxdb.bucket) == ("kdq", "kdq")
     assert config.data_dir == Path(DATA_DIR)
+    assert config.registry_url() == "http://schema-registry:8080/apis/ccompat/v7"
+
+
+def test_schema_registry_is_the_local_stacks_with_its_schemas_in_postgres(compose: dict[str, Any]) -> None:
+    """Issue 28: the registry `make run` starts (the version of jvm/schema-registry/pom.xml), its storage a database
+    of its own on the deployment's PostgreSQL (created by registry-db-init, idempotently, before it starts), with the
+    local stack's heap; healthy when its Confluent-compatible API answers."""
+    services = compose["services"]
+    pom = (PROJECT_ROOT / "jvm" / "schema-registry" / "pom.xml").read_text()
+    version = re.search(r"<apicurio.version>([^<]+)</apicurio.version>", pom).group(1)
+    registry = services["schema-registry"]
+    assert registry["image"] == f"apicurio/apicurio-registry:{version}"
+    env = _env(registry)
+    assert env["APICURIO_STORAGE_KIND"] == "sql" and env["APICURIO_STORAGE_SQL_KIND"] == "postgresql"
+    assert env["APICURIO_DATASOURCE_URL"] == "jdbc:postgresql://postgres:5432/registry"
+    assert env["APICURIO_DATASOURCE_USERNAME"] == "registry"
+    assert env["APICURIO_DATASOURCE_PASSWORD"] == SECRETS["KDQ_REGISTRY_DB_PASSWORD"]
+    assert "-Xmx256m" in env["JAVA_OPTS_APPEND"]
+    assert _depends_on(registry) == {"registry-db-init": "service_completed_successfully"}
+    assert "/apis/ccompat/v7/subjects" in " ".join(registry["healthcheck"]["test"])
+    init = services["registry-db-init"]
+    assert init["image"] == services["postgres"]["image"]
+    assert _depends_on(init) == {"postgres": "service_healthy"}
+    script = Path(_volume_targets(init)["/opt/kdq/registry-db.sql"])
+    sql = script.read_text()
+    # Idempotent (run on every `up`), the password from the environment (on no command line).
+    assert "\\getenv registry_password KDQ_REGISTRY_DB_PASSWORD" in sql
+    assert "WHERE NOT EXISTS (SELECT FROM pg_roles" in sql and "WHERE NOT EXISTS (SELECT FROM pg_database" in sql
+    assert SECRETS["KDQ_REGISTRY_DB_PASSWORD"] not in _command(init)
 
 
 def test_grafana_mounts_provisioning(compose: dict[str, Any]) -> None:
@@ -703,7 +741,9 @@ def test_all_secrets_set_validates() -> None:
 def test_published_ports_bind_to_loopback_unless_told_otherwise(compose: dict[str, Any]) -> None:
     published = {name: _port_bindings(service) for name, service in compose["services"].items() if service.get("ports")}
     # Only what a person uses from the host: the UIs, InfluxDB, Kafka for producers on the host.
-    assert set(published) == {"airflow-apiserver", "grafana", "spark-master", "influxdb", *KAFKA_NODES, "sql-endpoint"}, published
+    assert set(published) == {
+        "airflow-apiserver", "grafana", "spark-master", "influxdb", *KAFKA_NODES, "sql-endpoint", "schema-registry",
+    }, published
     for name, bindings in published.items():
         for host_ip, _, _ in bindings:
             assert host_ip == "127.0.0.1", f"{name} publishes {bindings}: not bound to 127.0.0.1"
@@ -711,7 +751,12 @@ def test_published_ports_bind_to_loopback_unless_told_otherwise(compose: dict[st
     assert exposed.returncode == 0, exposed.stderr
     for name, service in yaml.safe_load(exposed.stdout)["services"].items():
         for host_ip, _, _ in _port_bindings(service):
-            assert host_ip == "0.0.0.0", f"{name} ignores KDQ_BIND_ADDRESS"
+            # The registry has no authentication: exposing every UI does not expose it (its own variable does).
+            expected = "127.0.0.1" if name == "schema-registry" else "0.0.0.0"
+            assert host_ip == expected, f"{name} publishes on {host_ip}, expected {expected}"
+    registry = _run_compose("config", variables={**SECRETS, "KDQ_REGISTRY_BIND_ADDRESS": "0.0.0.0"})
+    assert registry.returncode == 0, registry.stderr
+    assert _port_bindings(yaml.safe_load(registry.stdout)["services"]["schema-registry"]) == [("0.0.0.0", 8085, 8080)]
 
 
 def test_dockerignore_keeps_env_files_out_of_the_image() -> None:

@@ -389,6 +389,7 @@ kdq runs locally{" on the cluster shape (docs/cluster.md)" if spark is not None 
   Airflow UI   {airflow.url}   login: {USERNAME} / {airflow.password()}
   Kafka        {stack.kafka.bootstrap}{shape}
   InfluxDB     {stack.influx.url}   (database {stack.config.influxdb.database})
+  Registry     {stack.config.registry_url()}   (Schema Registry, Confluent-compatible API)
   logs         {airflow.process.log_file}
                {stream_process(stack.config).log_file}
                {demo_process(stack.config).log_file}

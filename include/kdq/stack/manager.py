@@ -18,6 +18,7 @@ from kdq.stack.airflow import LocalAirflow
 from kdq.stack.influx import LocalInflux
 from kdq.stack.kafka import LocalKafka
 from kdq.stack.procs import StackError, port_open, quiet_port
+from kdq.stack.registry import LocalRegistry
 from kdq.stack.spark_cluster import PRODUCT_WORKER_CORES, WORKER_CORES, LocalSparkCluster, with_product_caps
 from kdq.stack.sql_endpoint import LocalSqlEndpoint
 from kdq.storage import tables_location
@@ -61,6 +62,7 @@ def _ports(config: Config, cluster: bool = False) -> dict[str, int]:
         "airflow_port": int(os.environ.get(AIRFLOW_PORT_ENV) or 0),
         "sql_connect_port": 0,
         "sql_thrift_port": 0,
+        "registry_port": config.registry.local_port,
         **({key: 0 for key in _cluster_port_keys()} if cluster else {}),
     }
     ports: dict[str, int] = {}
@@ -76,10 +78,18 @@ def _ports(config: Config, cluster: bool = False) -> dict[str, int]:
 
 class LocalStack:
     def __init__(
-        self, config: Config, with_sql_endpoint: bool = False, cluster: bool | None = None, product: bool = False
+        self,
+        config: Config,
+        with_sql_endpoint: bool = False,
+        cluster: bool | None = None,
+        product: bool = False,
+        with_registry: bool = False,
     ) -> None:
         """``with_sql_endpoint``: `up` also starts the always-on SQL endpoint (`kdq up`, `kdq run`); jobs and
         tests that only need the broker and InfluxDB leave it out (it is a Spark driver of its own).
+
+        ``with_registry``: `up` also starts the Schema Registry (:class:`~kdq.stack.registry.LocalRegistry`;
+        `kdq up`, `kdq run`), unless ``registry.url`` names another one: kdq then uses that and starts none.
 
         ``cluster``: the stack's shape, three Kafka brokers and a Spark standalone cluster (True) or one
         broker with Spark in local mode (False); None is the shape recorded by the last `up` (`status`,
@@ -118,6 +128,8 @@ class LocalStack:
         # On the cluster the endpoint is an application of the master: capped, or it would take every core.
         endpoint_config = with_product_caps(config) if self.cluster and product else config
         self.sql_endpoint = LocalSqlEndpoint(endpoint_config, ports["sql_connect_port"], ports["sql_thrift_port"])
+        self.registry = LocalRegistry(config, ports["registry_port"])
+        self.with_registry = with_registry and not config.registry.url
 
     def up(self) -> list[ComponentStatus]:
         """Start what is not running and wait until healthy. Starting twice is harmless."""
@@ -129,10 +141,14 @@ class LocalStack:
         if self.with_sql_endpoint:
             # Its JVM and session start while the broker does; waited for below.
             self.sql_endpoint.start(wait=False)
+        if self.with_registry:
+            self.registry.start(wait=False)  # the same: waited for below
         self.kafka.start()
         self.kafka.create_topic(self.config.kafka.metrics_topic, partitions=3, config={"cleanup.policy": "compact"})
         if self.config.influxdb.enabled:
             self.influx.start()
+        if self.with_registry:
+            self.registry.wait()
         if self.with_sql_endpoint:
             # On the cluster its session also waits for an executor of the master.
             self.sql_endpoint.wait(timeout=480 if self.cluster else 240)
@@ -204,7 +220,9 @@ class LocalStack:
             stopped.append("airflow")
         if stop_stream(self.config):
             stopped.append("stream")
-        for name, component in (("sql-endpoint", self.sql_endpoint), ("influxdb", self.influx)):
+        for name, component in (
+            ("sql-endpoint", self.sql_endpoint), ("registry", self.registry), ("influxdb", self.influx),
+        ):
             if component.stop():
                 stopped.append(name)
         if self.spark is not None and self.spark.stop():
@@ -241,6 +259,15 @@ class LocalStack:
             running = endpoint.process.running()
             detail = f"Spark Connect; JDBC {endpoint.jdbc_url}" if running else f"log: {endpoint.process.log_file}"
             result.append(ComponentStatus("sql", endpoint.connect_url, running, running and endpoint.healthy(), detail))
+        registry = self.registry
+        if registry.process.pid_file.exists():  # the same: from its start until `down`
+            running = registry.process.running()
+            try:
+                healthy = running and registry.healthy()
+            except Exception:  # report, never raise, from a status probe
+                healthy = False
+            detail = "Schema Registry (Apicurio, Confluent-compatible API)" if running else f"log: {registry.process.log_file}"
+            result.append(ComponentStatus("registry", registry.url, running, healthy, detail))
         from kdq.traffic import demo_process, read_stats
 
         if demo_process(self.config).running():
