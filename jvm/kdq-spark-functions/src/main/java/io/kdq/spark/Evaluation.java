@@ -200,7 +200,7 @@ final class Evaluation extends ExecutionContext {
         for (int p = 0; p < count;) {
             Object element = path.getElement(p);
             String segment = String.valueOf(element);
-            Reasons.appendToken(pointer, segment);
+            JsonPointer.appendToken(pointer, segment);
             rank.add(indexOf(node, segment));
             p++;
             if (GROUP_KEYWORDS.contains(segment) && node != null && node.isObject()
@@ -232,7 +232,7 @@ final class Evaluation extends ExecutionContext {
                     child = value.get(position);
                 }
                 if (child != null && child == next) {
-                    Reasons.appendToken(pointer, String.valueOf(element2));
+                    JsonPointer.appendToken(pointer, String.valueOf(element2));
                     rank.add(position);
                     p++;
                     si++;
@@ -275,7 +275,7 @@ final class Evaluation extends ExecutionContext {
         StringBuilder sb = new StringBuilder();
         if (path != null) {
             for (int i = 0; i < path.getNameCount(); i++) {
-                Reasons.appendToken(sb, String.valueOf(path.getElement(i)));
+                JsonPointer.appendToken(sb, String.valueOf(path.getElement(i)));
             }
         }
         return sb.toString();

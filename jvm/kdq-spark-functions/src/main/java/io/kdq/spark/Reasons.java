@@ -17,19 +17,4 @@ final class Reasons {
     static String internalError(Throwable t) {
         return INTERNAL_ERROR_PREFIX + t.getClass().getSimpleName();
     }
-
-    /** One JSON-pointer reference token, escaped (~ as ~0, / as ~1). */
-    static void appendToken(StringBuilder sb, String token) {
-        sb.append('/');
-        for (int i = 0; i < token.length(); i++) {
-            char c = token.charAt(i);
-            if (c == '~') {
-                sb.append("~0");
-            } else if (c == '/') {
-                sb.append("~1");
-            } else {
-                sb.append(c);
-            }
-        }
-    }
 }

@@ -1,5 +1,6 @@
 package io.kdq.spark.registry;
 
+import io.kdq.spark.JsonPointer;
 import java.util.ArrayDeque;
 
 /**
@@ -26,17 +27,7 @@ final class DecodeFailure extends RuntimeException {
         }
         StringBuilder sb = new StringBuilder();
         for (String step : path) {
-            sb.append('/');
-            for (int i = 0; i < step.length(); i++) {
-                char c = step.charAt(i);
-                if (c == '~') {
-                    sb.append("~0");
-                } else if (c == '/') {
-                    sb.append("~1");
-                } else {
-                    sb.append(c);
-                }
-            }
+            JsonPointer.appendToken(sb, step);
         }
         return sb.toString();
     }
