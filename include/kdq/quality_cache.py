@@ -23,7 +23,9 @@ a *slow statement* (``slow_statements``: the day's top reasons with their sample
 and the recent corrections) is asked again only once its own answer is ``slow_statements[name]`` seconds old; a
 round keeps the rows of the others from the answer before. Asking all three in every round after each of the
 stream's commits kept the endpoint a third busy with the page alone, and a BI tool's query beside it waited
-(benchmarks.local_run).
+(benchmarks.local_run). Kept rows may predate the counts beside them: :meth:`PageNumbers.lagging` names those
+statements (the page says so and shows their own "as of"), and a lagging statement is due once its keep time is
+over even when the tables stay quiet, so a page left open agrees with itself within that time.
 
 The thread asks only while someone looks: it sleeps once no page was requested for ``idle_seconds``, so an
 API server with no viewer adds no load to the endpoint. Failures (the endpoint down or slow) are answers too,
@@ -59,10 +61,20 @@ class PageNumbers:
     computed_ms: int = 0  # when the answer arrived
     asked_ms: int = 0  # when the question began: the answer holds every commit made before then
     statements_asked_ms: Mapping[str, int] = field(default_factory=dict)  # per statement, when its rows were asked
+    # per statement, the generation its rows were asked at (a kept slow statement's may be older than ``generation``)
+    statements_generation: Mapping[str, Hashable] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
         return self.rows is None
+
+    @property
+    def lagging(self) -> tuple[str, ...]:
+        """The statements whose rows were kept from an older generation than the rest of this answer: they may
+        miss commits the counts beside them hold."""
+        return tuple(sorted(
+            name for name, generation in self.statements_generation.items() if generation != self.generation
+        ))
 
 
 # The question: the page's statements for a range, only the named ones (None: every one) -> (rows by statement,
@@ -160,11 +172,14 @@ class NumbersCache:
     def _due(self, latest: PageNumbers, current: Hashable, now: int) -> bool:
         """Whether ``latest`` must be asked again: the tables changed (at most every ``min_interval_seconds``
         after the last answer), a failure's retry time came, the page's ranges moved to another minute, or
-        half its life is gone (renewed ahead, so an answer never stops being fresh for age alone)."""
+        half its life is gone (renewed ahead, so an answer never stops being fresh for age alone), or a slow
+        statement kept from an older generation has reached its keep time (the tables may have gone quiet since)."""
         if latest.failed:
             return not self._fresh(latest, current, now)
         if latest.generation != current:
             return now - latest.computed_ms >= self._min_interval_ms or not self._fresh(latest, current, now)
+        if any(now - latest.statements_asked_ms.get(name, 0) >= self._slow_ms.get(name, 0) for name in latest.lagging):
+            return True
         return minute_of(latest.page.now_ms) != minute_of(now) or now - latest.computed_ms >= self._max_age_ms // 2
 
     def renew_once(self) -> PageNumbers | None:
@@ -187,11 +202,16 @@ class NumbersCache:
             log.warning("data-quality page: asking for the numbers failed", exc_info=True)
             rows, error, source, seconds = None, f"asking the SQL endpoint failed: {exc}", None, None
         asked = {name: now for name in (rows or {})}
+        generations = {name: current for name in (rows or {})}
         if rows is not None and kept:
             rows = {**{name: latest.rows[name] for name in kept}, **rows}  # type: ignore[union-attr]
             asked = {**{name: latest.statements_asked_ms[name] for name in kept}, **asked}  # type: ignore[union-attr]
+            generations = {
+                **{name: latest.statements_generation.get(name, latest.generation) for name in kept},  # type: ignore[union-attr]
+                **generations,
+            }
         answer = PageNumbers(page, current, rows, error, source, seconds, self._clock_ms(), asked_ms=now,
-                             statements_asked_ms=asked)
+                             statements_asked_ms=asked, statements_generation=generations)
         with self._changed:
             self._latest = answer
             self._changed.notify_all()

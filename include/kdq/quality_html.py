@@ -8,6 +8,7 @@ names, reasons, sample values, run ids) is HTML-escaped: sample values are by de
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from html import escape
 
@@ -181,7 +182,17 @@ def _corrections(topic: TopicView) -> str:
     )
 
 
-def _topic_section(topic: TopicView, counted: bool) -> str:
+def _as_of(lagging: Mapping[str, int], statement: str) -> str:
+    """Beside a section whose rows are older than the counts (asked less often): their own instant."""
+    if statement not in lagging:
+        return ""
+    return (
+        f' <span class="muted" data-field="{statement}-as-of" data-asked-ms="{lagging[statement]}">as of '
+        f"{_iso(lagging[statement])} (asked less often than the counts while the stream commits)</span>"
+    )
+
+
+def _topic_section(topic: TopicView, counted: bool, lagging: Mapping[str, int] | None = None) -> str:
     name = escape(topic.topic)
     h = topic.health
     health = (
@@ -212,8 +223,8 @@ def _topic_section(topic: TopicView, counted: bool) -> str:
         "<div><h3>Last day, per hour</h3>"
         f"{chart_svg(topic.day, f'{topic.topic}: last day per hour')}</div></div>"
         f"<h3>Stream health</h3>{health}"
-        f"<h3>Top invalid reasons</h3>{_reasons(topic)}"
-        f"<h3>Recent corrections</h3>{_corrections(topic)}</section>"
+        f"<h3>Top invalid reasons{_as_of(lagging or {}, 'reasons')}</h3>{_reasons(topic)}"
+        f"<h3>Recent corrections{_as_of(lagging or {}, 'corrections')}</h3>{_corrections(topic)}</section>"
     )
 
 
@@ -358,7 +369,7 @@ def render_page(model: PageModel, refresh_seconds: float = REFRESH_SECONDS) -> s
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>kdq data quality</title>'
         f"<style>{CSS}</style><script>{_refresh_script(refresh_seconds)}</script></head>"
-        f'<body data-numbers="{model.numbers}">'
+        f'<body data-numbers="{model.numbers}" data-lagging="{escape(" ".join(sorted(model.lagging)))}">'
         "<h1>kdq: data quality per topic</h1>"
         f'<p class="muted" data-field="as-of" data-now-ms="{page.now_ms}">As of {_iso(page.now_ms)}; '
         f"last hour = windows from {_iso(page.hour_from_ms)}, last day = windows from {_iso(page.day_from_ms)} "
@@ -366,5 +377,5 @@ def render_page(model: PageModel, refresh_seconds: float = REFRESH_SECONDS) -> s
         f'stream health as of <span data-field="page-ms" data-now-ms="{model.now_ms}">{_iso(model.now_ms)}</span>.</p>'
         f"{source}<h2>Topics</h2>{_overview(model)}<h2>Stream</h2>{_stream(model.stream)}"
         f"<h2>DAG runs</h2>{_dag_runs(model.dag_runs, model.dag_ids)}"
-        f"{''.join(_topic_section(t, _counted(model)) for t in model.topics)}</body></html>"
+        f"{''.join(_topic_section(t, _counted(model), model.lagging) for t in model.topics)}</body></html>"
     )

@@ -269,6 +269,9 @@ class PageModel:
     numbers: str = "fresh"
     numbers_ms: int | None = None  # when the answer arrived
     now_ms: int | None = None  # when the page was made (``page.now_ms`` is the numbers' instant)
+    # statements whose rows are older than the counts ("reasons", "corrections": asked less often, see
+    # kdq.quality_cache) -> when their rows were asked; the page shows that instant beside them
+    lagging: Mapping[str, int] = field(default_factory=dict)
 
 
 def dag_run_url(dag_id: str, run_id: str) -> str:
@@ -454,6 +457,7 @@ def build_model(
     numbers: str = "fresh",
     numbers_ms: int | None = None,
     now_ms: int | None = None,
+    lagging: Mapping[str, int] | None = None,
 ) -> PageModel:
     """Everything the page shows. ``rows``: the rows of each of :data:`QUERIES` (None when the endpoint could
     not be asked: the topics then come from the stream's health alone). ``numbers``: see :class:`PageModel`."""
@@ -489,6 +493,7 @@ def build_model(
         numbers,
         numbers_ms,
         page.now_ms if now_ms is None else now_ms,
+        dict(lagging or {}),
     )
 
 

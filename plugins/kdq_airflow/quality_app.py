@@ -324,6 +324,7 @@ def _render(user: Any) -> str:
             numbers="fresh" if fresh else "stale",
             numbers_ms=answer.computed_ms,
             now_ms=now_ms,
+            lagging={name: answer.statements_asked_ms[name] for name in answer.lagging},
         )
     return render_page(model)
 

@@ -230,16 +230,16 @@ def test_the_page_says_how_current_its_numbers_are() -> None:
                         "valid": 4, "invalid": 1}]}
 
     none = render_page(build_model(page, None, stream, numbers="none"))
-    assert '<body data-numbers="none">' in none and 'data-field="sql-pending"' in none
+    assert '<body data-numbers="none" data-lagging="">' in none and 'data-field="sql-pending"' in none
     assert 'data-field="hour-valid">—<' in none, "unknown, not 0"
     assert 'data-topic="orders"' in none, "the topic list comes from the stream's health at once"
 
     stale = render_page(build_model(page, rows, stream, numbers="stale", numbers_ms=NOW, now_ms=NOW + 4_000))
-    assert '<body data-numbers="stale">' in stale and 'data-field="hour-valid">4<' in stale
+    assert '<body data-numbers="stale" data-lagging="">' in stale and 'data-field="hour-valid">4<' in stale
     assert "Numbers updating: read 4 s ago." in stale
 
     fresh = render_page(build_model(page, rows, stream, numbers="fresh", numbers_ms=NOW, now_ms=NOW))
-    assert '<body data-numbers="fresh">' in fresh and "Numbers current" in fresh
+    assert '<body data-numbers="fresh" data-lagging="">' in fresh and "Numbers current" in fresh
     assert f'data-field="page-ms" data-now-ms="{NOW}"' in fresh
 
 
@@ -268,3 +268,37 @@ def test_a_slow_statement_is_asked_only_once_its_rows_are_old_enough() -> None:
     tables.fail = None
     tables.now += 3000
     assert cache.renew_once().rows["reasons"][0]["count"] == 3 and tables.names[-1] is None
+
+
+def test_kept_rows_older_than_the_counts_are_named_and_caught_up_when_the_tables_go_quiet() -> None:
+    """Reasons kept from before a commit may miss what the counts beside them hold: the answer names them
+    (the page shows their own instant), and once their keep time is over they are asked again although the
+    tables did not change since (a page left open agrees with itself; CI caught a page whose reasons said 6
+    where the counts and Delta said 7)."""
+    tables = Tables()
+    cache = cache_of(tables, min_interval_seconds=3, slow_statements={"reasons": 30})
+    first = cache.renew_once()
+    assert first.lagging == ()
+    tables.commit(5)  # the last commit: the tables stay quiet from here
+    tables.now += 4000
+    second = cache.renew_once()
+    assert second.lagging == ("reasons",) and second.rows["reasons"][0]["count"] == 0
+    tables.now = NOW + 29_000
+    assert cache.renew_once() is None  # quiet, the reasons not 30 s old yet: nothing to ask
+    tables.now = NOW + 30_000
+    third = cache.renew_once()
+    assert third is not None and tables.names[-1] is None  # due although nothing changed
+    assert third.lagging == () and third.rows["reasons"][0]["count"] == 1
+    tables.now += 5000
+    assert cache.renew_once() is None  # caught up: quiet again
+
+
+def test_the_page_shows_the_instant_of_a_lagging_section() -> None:
+    page = PageRange(NOW)
+    rows = {"counts": [], "reasons": [{"topic": "t", "reason": "not_json", "count": 3, "sample": "x"}]}
+    stream = StreamHealth("running", topics={"t": TopicHealth(consumer_lag=0)})
+    html = render_page(build_model(page, rows, stream, numbers="fresh", numbers_ms=NOW, now_ms=NOW,
+                                   lagging={"reasons": NOW - 20_000}))
+    assert '<body data-numbers="fresh" data-lagging="reasons">' in html
+    assert f'data-field="reasons-as-of" data-asked-ms="{NOW - 20_000}"' in html
+    assert 'data-field="corrections-as-of"' not in html
