@@ -11,6 +11,12 @@ Rules live in one folder (``paths.rules_dir``, default ``config/rules/``):
       event_time_field = "meta.event_time"   # optional, dotted path into the value
       event_time_format = "epoch_millis"     # auto (default) | epoch_millis | iso8601
 
+      [[topic]]
+      match = "re:payments\\..*"
+      registry = true                  # judged by the Schema Registry ([registry] in kdq.toml): the
+                                       # schema each message's header names, Avro for now
+      subject_strategy = "topic_name"  # the subject a message's schema must be a version of: <topic>-value
+
 Explicit entries win over convention files, and the first matching entry wins,
 in file order. An exact entry without ``schema`` uses ``<topic>.schema.json``
 when that file exists, so adding an event-time field to a topic never silently
@@ -50,7 +56,10 @@ NO_RULE_VERSION = "none"
 # (e.g. how a keyword is evaluated), so stored results are rebuilt.
 RULES_FORMAT_VERSION = 1
 
-_ENTRY_KEYS = ("match", "schema", "event_time_field", "event_time_format")
+_ENTRY_KEYS = ("match", "schema", "event_time_field", "event_time_format", "registry", "subject_strategy")
+# How a registry-backed topic names the subject its messages' schemas must belong to (Confluent's serializers'
+# default, TopicNameStrategy: "<topic>-value").
+SUBJECT_STRATEGIES = ("topic_name",)
 
 
 class RuleError(ValueError):
@@ -69,20 +78,23 @@ def _short_hash(payload: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
-def rule_version(schema: dict | None, event_time_field: str | None, event_time_format: str) -> str:
-    """The version of what a rule computes: schema plus event-time settings.
+def rule_version(
+    schema: dict | None, event_time_field: str | None, event_time_format: str, subject_strategy: str | None = None
+) -> str:
+    """The version of what a rule computes: schema (or the registry's subject strategy) plus event-time settings.
 
     Where a rule came from (convention file or topics.toml, exact or pattern)
     is not part of it: moving a rule between the two must not trigger a rebuild.
     """
-    return _short_hash(
-        {
-            "format": RULES_FORMAT_VERSION,
-            "schema": schema,
-            "event_time_field": event_time_field,
-            "event_time_format": event_time_format,
-        }
-    )
+    payload = {
+        "format": RULES_FORMAT_VERSION,
+        "schema": schema,
+        "event_time_field": event_time_field,
+        "event_time_format": event_time_format,
+    }
+    if subject_strategy is not None:  # only then: the versions of every JSON rule stay what they were
+        payload["registry"] = {"subject_strategy": subject_strategy}
+    return _short_hash(payload)
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,12 @@ class TopicRule:
     event_time_field: str | None
     event_time_format: str
     version: str
+    # Judged by the Schema Registry instead of a schema file: how the topic names its subject (None: not).
+    subject_strategy: str | None = None
+
+    @property
+    def registry(self) -> bool:
+        return self.subject_strategy is not None
 
     @property
     def label(self) -> str:
@@ -150,7 +168,12 @@ class RuleSet:
         """One line per rule, in precedence order, for the job logs."""
         lines = []
         for rule in self.rules:
-            what = f"schema {rule.schema_file.name}" if rule.schema_file else "no schema (valid iff UTF-8 JSON)"
+            if rule.registry:
+                what = f"the Schema Registry (subject strategy {rule.subject_strategy})"
+            elif rule.schema_file:
+                what = f"schema {rule.schema_file.name}"
+            else:
+                what = "no schema (valid iff UTF-8 JSON)"
             clock = f", event time from {rule.event_time_field!r} ({rule.event_time_format})" if rule.event_time_field else ""
             lines.append(f"{rule.label}: {what}{clock}, version {rule.version}")
         lines.append("other topics: no rule (valid iff UTF-8 JSON)")
@@ -300,6 +323,29 @@ def load_rules(rules_dir: Path) -> RuleSet:
                     )
                 exact_seen[match] = index
 
+            registry = entry.get("registry", False)
+            if not isinstance(registry, bool):
+                raise RuleError(f"{toml}: {name}: 'registry' must be true or false, got {registry!r}")
+            strategy = entry.get("subject_strategy")
+            if strategy is not None and not registry:
+                raise RuleError(f"{toml}: {name}: 'subject_strategy' applies only with registry = true")
+            if registry:
+                strategy = strategy or SUBJECT_STRATEGIES[0]
+                if strategy not in SUBJECT_STRATEGIES:
+                    raise RuleError(
+                        f"{toml}: {name}: bad subject_strategy {strategy!r}; supported: {', '.join(SUBJECT_STRATEGIES)}"
+                    )
+                if "schema" in entry:
+                    raise RuleError(
+                        f"{toml}: {name}: 'schema' and registry = true exclude each other: a registry-backed topic "
+                        "is judged by the schema each message's header names"
+                    )
+                if not is_pattern and match in convention:
+                    log.warning(
+                        "%s is shadowed by the topics.toml entry %r (registry = true); it never applies",
+                        convention[match],
+                        match,
+                    )
             schema_file: Path | None = None
             if "schema" in entry:
                 rel = entry["schema"]
@@ -308,7 +354,7 @@ def load_rules(rules_dir: Path) -> RuleSet:
                 schema_file = rules_dir / rel
                 if not schema_file.is_file():
                     raise RuleError(f"{toml}: {name}: schema file {rel!r} not found in {rules_dir}")
-            elif not is_pattern and match in convention:
+            elif not is_pattern and match in convention and not registry:
                 schema_file = convention[match]
             schema = schema_at(schema_file) if schema_file is not None else None
 
@@ -328,7 +374,8 @@ def load_rules(rules_dir: Path) -> RuleSet:
                     schema_file=schema_file,
                     event_time_field=field,
                     event_time_format=fmt,
-                    version=rule_version(schema, field, fmt),
+                    version=rule_version(schema, field, fmt, strategy),
+                    subject_strategy=strategy,
                 )
             )
 

@@ -139,3 +139,32 @@ def test_the_stack_records_the_registry_port_and_starts_none_for_a_configured_ur
     external = make_config(tmp_path, registry={"url": "http://registry.example.com:8081"})
     assert not LocalStack(external, with_registry=True).with_registry
     assert not LocalStack(config).with_registry  # jobs and tests that need no registry
+
+
+def test_jobs_get_the_registry_in_their_spark_configuration_and_the_secrets_in_a_properties_file(tmp_path: Path) -> None:
+    """What io.kdq.spark.registry.RegistryConnection reads in every JVM: the URL, the timeout and the login; the
+    password or token never on spark-submit's command line (a properties file only this user reads)."""
+    from kdq.spark.session import registry_conf
+    from kdq.spark.submit import submit_command
+    from tests.conftest import PROJECT_ROOT
+
+    path = write(tmp_path, "[registry]\nurl = 'https://registry.example.com'\nusername = 'kdq'\ntimeout_seconds = 4\n"
+                 f"[paths]\njars_dir = '{PROJECT_ROOT / '.cache' / 'jars'}'\n")
+    config = load_config(path, env={"KDQ_REGISTRY__PASSWORD": SECRET})
+    assert registry_conf(config) == {
+        "spark.kdq.registry.url": "https://registry.example.com",
+        "spark.kdq.registry.timeout.ms": "4000",
+        "spark.kdq.registry.username": "kdq",
+        "spark.kdq.registry.password": SECRET,
+    }
+    command = submit_command(config, "batch_recompute", [])
+    assert SECRET not in " ".join(command)
+    assert "spark.kdq.registry.url=https://registry.example.com" in command
+    properties = Path(command[command.index("--properties-file") + 1])
+    assert f"spark.kdq.registry.password={SECRET}" in properties.read_text()
+
+    token = load_config(write(tmp_path, "[registry]\nurl = 'https://r.example.com'\n"),
+                        env={"KDQ_REGISTRY__BEARER_TOKEN": SECRET})
+    assert registry_conf(token)["spark.kdq.registry.bearer.token"] == SECRET
+    # Neither configured nor recorded by the local stack: nothing (a registry rule then stops its job at start).
+    assert registry_conf(load_config(write(tmp_path, ""), env={})) == {}

@@ -274,3 +274,45 @@ def test_broken_remotes_name_the_problem(tmp_path: Path, table: str, message: st
     write(tmp_path, "topics.toml", f"[remotes]\n{table}\n")
     with pytest.raises(RuleError, match=message):
         load_rules(tmp_path)
+
+
+def test_registry_backed_rules(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``registry = true``: judged by the Schema Registry (subject by the topic-name strategy), never by a schema
+    file, not even the topic's convention file; its version differs from a JSON rule's with the same settings,
+    and every JSON rule's version stays what it was before registry rules existed."""
+    from kdq.config import StreamConfig
+    from kdq.rules import rule_version
+    from kdq.spark.classifier import classifier_config
+
+    write(tmp_path, "orders.schema.json", ORDERS)
+    write(tmp_path, "topics.toml", '[[topic]]\nmatch = "orders"\nregistry = true\nevent_time_field = "created"\n'
+          '[[topic]]\nmatch = "re:payments\\\\..*"\nregistry = true\nsubject_strategy = "topic_name"\n')
+    with caplog.at_level(logging.WARNING):
+        rules = load_rules(tmp_path)
+    assert "orders.schema.json is shadowed" in caplog.text
+    orders, payments = rules.rule_for("orders"), rules.rule_for("payments.eu")
+    assert (orders.registry, orders.subject_strategy, orders.schema, orders.schema_file) == (True, "topic_name", None, None)
+    assert payments.registry and payments.is_pattern
+    assert orders.version == rule_version(None, "created", "auto", "topic_name") != rule_version(None, "created", "auto")
+    assert "orders: the Schema Registry (subject strategy topic_name)" in rules.describe()[0]
+    document = json.loads(classifier_config(rules, StreamConfig()))
+    assert document["rules"][0]["registry"] == {"subject_strategy": "topic_name"}
+    # A JSON rule's document has no registry key at all: its stored documents and versions do not move.
+    write(tmp_path, "topics.toml", '[[topic]]\nmatch = "orders"\nevent_time_field = "created"\n')
+    assert "registry" not in json.loads(classifier_config(load_rules(tmp_path), StreamConfig()))["rules"][0]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ('registry = "yes"', "'registry' must be true or false"),
+        ('subject_strategy = "topic_name"', "'subject_strategy' applies only with registry = true"),
+        ('registry = true\nsubject_strategy = "record_name"', "bad subject_strategy 'record_name'"),
+        ('registry = true\nschema = "orders.schema.json"', "'schema' and registry = true exclude each other"),
+    ],
+)
+def test_broken_registry_rules_name_the_problem(tmp_path: Path, entry: str, message: str) -> None:
+    write(tmp_path, "orders.schema.json", ORDERS)
+    write(tmp_path, "topics.toml", f'[[topic]]\nmatch = "orders"\n{entry}\n')
+    with pytest.raises(RuleError, match=message):
+        load_rules(tmp_path)

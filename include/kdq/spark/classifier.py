@@ -75,7 +75,7 @@ def _resources(rules: RuleSet) -> dict[str, Any]:
 
 
 def _rule(rule: TopicRule, folder: Path | None) -> dict[str, Any]:
-    return {
+    document = {
         "label": rule.label,
         "match": rule.match,
         "is_pattern": rule.is_pattern,
@@ -86,6 +86,11 @@ def _rule(rule: TopicRule, folder: Path | None) -> dict[str, Any]:
         "event_time_format": rule.event_time_format,
         "version": rule.version,
     }
+    if rule.registry:
+        # Where the registry is and how to log in is not here but in the Spark configuration
+        # (io.kdq.spark.registry.RegistryConnection): this document is stored in the stream's checkpoint.
+        document["registry"] = {"subject_strategy": rule.subject_strategy}
+    return document
 
 
 def classifier_config(rules: RuleSet, stream: StreamConfig) -> str:
@@ -126,12 +131,15 @@ def _java_message(exc: Exception) -> str:
     return str(exc)
 
 
-def check_rules(spark: SparkSession, rules: RuleSet | ClassifierDocument, stream: StreamConfig) -> str:
-    """Compile every rule in the driver's JVM now; :class:`RuleError` naming the file and the problem."""
+def check_rules(
+    spark: SparkSession, rules: RuleSet | ClassifierDocument, stream: StreamConfig, ask_registry: bool = True
+) -> str:
+    """Compile every rule in the driver's JVM now, and (``ask_registry``: a job's start) check that the Schema
+    Registry of registry-backed rules answers; :class:`RuleError` naming the file (or rule) and the problem."""
     jvm = spark.sparkContext._jvm
     document = rules if isinstance(rules, ClassifierDocument) else ClassifierDocument.of(rules, stream)
     try:
-        return str(jvm.io.kdq.spark.Classifier.check(document.text))
+        return str(jvm.io.kdq.spark.Classifier.check(document.text, ask_registry))
     except Exception as exc:
         if "Classifier" in str(exc) and "does not exist" in str(exc):
             raise RuleError(
@@ -153,7 +161,9 @@ def classifier(
     document = rules if isinstance(rules, ClassifierDocument) else ClassifierDocument.of(rules, stream)
     name = "kdq_classify_" + document.sha256[:16]
     if not spark.catalog.functionExists(name):
-        check_rules(spark, document, stream)
+        # Compiled, not the registry asked: the job's start did that (kdq.spark.stream_job), and a micro-batch
+        # must go on counting the schemas it has seen through an outage.
+        check_rules(spark, document, stream, ask_registry=False)
         jvm = spark.sparkContext._jvm
         udf = jvm.io.kdq.spark.Classifier(document.text)
         spark._jsparkSession.udf().register(name, udf, jvm.io.kdq.spark.Classifier.returnType())

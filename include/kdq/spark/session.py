@@ -159,7 +159,29 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         conf["spark.executor.cores"] = "1"
     # Commits to tables on s3a:// coordinated through DynamoDB (paths.dynamodb_table); [spark.conf] overrides.
     conf.update(storage.log_store_conf(config))
+    conf.update(registry_conf(config))
     conf.update(config.spark.conf)
+    return conf
+
+
+def registry_conf(config: Config) -> dict[str, str]:
+    """Where the classifier's registry-backed rules find the Schema Registry (io.kdq.spark.registry.RegistryConnection
+    reads these in every JVM). Empty when no registry is configured or recorded by the local stack: a rule with
+    ``registry = true`` then stops its job at start, naming the rule. The password and token are secrets (Spark's UI
+    redacts them; spark-submit gets them in a properties file, kdq.spark.submit)."""
+    try:
+        url = config.registry_url()
+    except ConfigError:
+        return {}
+    conf = {
+        "spark.kdq.registry.url": url,
+        "spark.kdq.registry.timeout.ms": str(int(config.registry.timeout_seconds * 1000)),
+    }
+    if config.registry.username:
+        conf["spark.kdq.registry.username"] = config.registry.username
+        conf["spark.kdq.registry.password"] = config.registry.password
+    elif config.registry.bearer_token:
+        conf["spark.kdq.registry.bearer.token"] = config.registry.bearer_token
     return conf
 
 

@@ -59,13 +59,26 @@ public class Classifier implements UDF2<String, byte[], Row>, Serializable {
     }
 
     /**
-     * Compiles every rule of {@code configJson} now.
+     * Compiles every rule of {@code configJson} now and asks the Schema Registry of registry-backed rules whether
+     * it answers (a job's start).
      *
      * @return a short summary, e.g. "3 rules compiled (2 with a schema)"
      * @throws IllegalArgumentException naming the rule (source and label) and the problem
      */
     public static String check(String configJson) {
+        return check(configJson, true);
+    }
+
+    /**
+     * {@link #check(String)}; without {@code askRegistry} the registry is not asked (a micro-batch registering the
+     * function: a registry outage must not stop the counting of schemas already seen, and an unseen one fails
+     * its task, not the registration).
+     */
+    public static String check(String configJson, boolean askRegistry) {
         CompiledConfig config = DeepStack.call(() -> CompiledConfig.compile(configJson));
+        if (askRegistry) {
+            config.checkRegistry();
+        }
         CACHE.putIfAbsent(sha256(configJson), config);
         return config.summary();
     }

@@ -11,6 +11,11 @@ import java.util.regex.PatternSyntaxException;
 
 import org.apache.spark.sql.Row;
 
+import io.kdq.spark.registry.RegistryConnection;
+import io.kdq.spark.registry.RegistryDecoder;
+import io.kdq.spark.registry.RegistryUnavailableException;
+import io.kdq.spark.registry.Verdict;
+
 import com.networknt.schema.AbsoluteIri;
 import com.networknt.schema.ExecutionConfig;
 import com.networknt.schema.Schema;
@@ -90,13 +95,44 @@ final class CompiledConfig {
 
     String summary() {
         long withSchema = rules.stream().filter(r -> r.schema != null).count();
+        long withRegistry = rules.stream().filter(r -> r.registry != null).count();
         return rules.size() + (rules.size() == 1 ? " rule" : " rules") + " compiled (" + withSchema
-                + " with a schema, " + patternRules.size() + " topic patterns)";
+                + " with a schema, " + (withRegistry > 0 ? withRegistry + " through the Schema Registry, " : "")
+                + patternRules.size() + " topic patterns)";
+    }
+
+    /**
+     * A job's start-up check of the registry-backed rules: the registry answers (an exact topic's subject is
+     * asked for its versions, a pattern's with a subject of no topic).
+     *
+     * @throws IllegalArgumentException naming the rule and what the registry said
+     */
+    void checkRegistry() {
+        for (CompiledRule rule : rules) {
+            if (rule.registry == null) {
+                continue;
+            }
+            String subject = rule.registry.subject(rule.topicPattern == null ? rule.match : "kdq-start-up-check");
+            try {
+                rule.registry.decoder.checkReachable(subject);
+            } catch (RegistryUnavailableException e) {
+                throw new IllegalArgumentException("rule '" + rule.label + "' uses the Schema Registry, which does not"
+                        + " answer: " + e.getMessage(), e);
+            }
+        }
     }
 
     // ------------------------------------------------------------------ compile
 
     static CompiledConfig compile(String configJson) {
+        return compile(configJson, RegistryConnection::fromSparkEnv);
+    }
+
+    /**
+     * @param registry the decoder of registry-backed rules ({@code "registry"} in a rule), asked only when a rule
+     *                 has one: the Spark configuration's registry in a job, a test's registry in a test
+     */
+    static CompiledConfig compile(String configJson, java.util.function.Supplier<RegistryDecoder> registry) {
         if (configJson == null) {
             throw new IllegalArgumentException("kdq rules configuration is null");
         }
@@ -143,7 +179,8 @@ final class CompiledConfig {
             index++;
         }
 
-        SchemaRegistry registry = registry(assertFormat, documents);
+        SchemaRegistry schemas = registry(assertFormat, documents);
+        Lazy<RegistryDecoder> decoders = new Lazy<>(registry);
 
         // $dynamicRef is resolved when a record is evaluated; its static target (the one a $ref with
         // the same value would have) must exist: checked now on a copy where $dynamicRef reads $ref.
@@ -159,7 +196,7 @@ final class CompiledConfig {
         List<CompiledRule> rules = new ArrayList<>();
         index = 0;
         for (JsonNode r : ruleNodes) {
-            rules.add(compileRule(r, baseUris.get(index), registry, probe, documents));
+            rules.add(compileRule(r, baseUris.get(index), schemas, probe, documents, decoders));
             index++;
         }
         return new CompiledConfig(maxValueBytes, maxNestingDepth, assertFormat, List.copyOf(rules), null);
@@ -223,7 +260,7 @@ final class CompiledConfig {
     }
 
     private static CompiledRule compileRule(JsonNode r, String baseUri, SchemaRegistry registry, SchemaRegistry probe,
-            Map<String, String> documents) {
+            Map<String, String> documents, Lazy<RegistryDecoder> decoders) {
         String label = r.path("label").asString(r.path("match").asString("?"));
         String source = r.path("source").asString("(inline)");
         String where = "rule '" + label + "' (" + source + ")";
@@ -270,7 +307,21 @@ final class CompiledConfig {
                     }
                 }
             }
-            return new CompiledRule(label, match, topicPattern, version, field, format, schema);
+            RegistryRule registryRule = null;
+            JsonNode reg = r.get("registry");
+            if (reg != null && !reg.isNull()) {
+                if (schema != null) {
+                    throw new IllegalArgumentException("has both a JSON Schema and registry = true: a registry-backed"
+                            + " topic is judged by the schema its messages name");
+                }
+                String strategy = reg.path("subject_strategy").asString(RegistryRule.TOPIC_NAME);
+                if (!RegistryRule.TOPIC_NAME.equals(strategy)) {
+                    throw new IllegalArgumentException("subject_strategy '" + strategy + "' is not supported (supported: "
+                            + RegistryRule.TOPIC_NAME + ")");
+                }
+                registryRule = new RegistryRule(strategy, decoders.get());
+            }
+            return new CompiledRule(label, match, topicPattern, version, field, format, schema, registryRule);
         } catch (RuntimeException | StackOverflowError e) {
             throw new IllegalArgumentException(where + ": " + describe(e), e);
         }
@@ -383,6 +434,16 @@ final class CompiledConfig {
             if (value == null) {
                 return Classifier.row(Reasons.NULL_VALUE, null, hasField, version);
             }
+            if (rule != null && rule.registry != null) {
+                Verdict verdict = rule.registry.decoder.decode(rule.registry.subject(topic), value);
+                if (verdict.problem != null) {
+                    return Classifier.row(verdict.problem, null, hasField, version);
+                }
+                if (hasField) {
+                    eventMs = EventTime.readDecoded(verdict.record.get(rule.eventTimeField), rule.eventTimeFormat);
+                }
+                return Classifier.row(null, eventMs, hasField && eventMs == null, version);
+            }
             if (!Utf8.isValid(value)) {
                 return Classifier.row(Reasons.NOT_UTF8, null, hasField, version);
             }
@@ -407,6 +468,10 @@ final class CompiledConfig {
             return Classifier.row(problem, eventMs, bad, version);
         } catch (DeepStack.Interrupted e) {
             throw e; // the task is being killed: no verdict
+        } catch (RegistryUnavailableException e) {
+            // The registry could not say what an id not seen yet is: the task fails and its retry (or the
+            // micro-batch's) judges the record once the registry answers; never a verdict from an outage.
+            throw e;
         } catch (RuntimeException e) {
             // A deterministic failure on this record's data (a validator's bug on some input): the same on
             // every replay, so a verdict. An Error (OutOfMemoryError, StackOverflowError, LinkageError...)
@@ -425,9 +490,11 @@ final class CompiledConfig {
         final String[] eventTimeField;
         final EventTime.Format eventTimeFormat;
         final Schema schema;
+        /** Non-null when the topic's messages are judged by the Schema Registry (the schema their header names). */
+        final RegistryRule registry;
 
         CompiledRule(String label, String match, Pattern topicPattern, String version, String[] eventTimeField,
-                EventTime.Format eventTimeFormat, Schema schema) {
+                EventTime.Format eventTimeFormat, Schema schema, RegistryRule registry) {
             this.label = label;
             this.match = match;
             this.topicPattern = topicPattern;
@@ -435,6 +502,42 @@ final class CompiledConfig {
             this.eventTimeField = eventTimeField;
             this.eventTimeFormat = eventTimeFormat;
             this.schema = schema;
+            this.registry = registry;
+        }
+    }
+
+    /** A registry-backed rule: how a topic names its subject, and the decoder that asks the registry. */
+    static final class RegistryRule {
+        /** Confluent's TopicNameStrategy, the serializers' default: the value subject is {@code <topic>-value}. */
+        static final String TOPIC_NAME = "topic_name";
+
+        final String subjectStrategy;
+        final RegistryDecoder decoder;
+
+        RegistryRule(String subjectStrategy, RegistryDecoder decoder) {
+            this.subjectStrategy = subjectStrategy;
+            this.decoder = decoder;
+        }
+
+        String subject(String topic) {
+            return topic + "-value";
+        }
+    }
+
+    /** A value made on first use only (the registry's decoder: a rule set without registry rules never needs one). */
+    private static final class Lazy<T> {
+        private final java.util.function.Supplier<T> supplier;
+        private T value;
+
+        Lazy(java.util.function.Supplier<T> supplier) {
+            this.supplier = supplier;
+        }
+
+        T get() {
+            if (value == null) {
+                value = supplier.get();
+            }
+            return value;
         }
     }
 }

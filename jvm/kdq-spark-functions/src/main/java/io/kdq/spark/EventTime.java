@@ -69,6 +69,44 @@ final class EventTime {
         }
     }
 
+    /**
+     * The event time of a record decoded through the Schema Registry ({@code value}: what
+     * {@link io.kdq.spark.registry.DecodedRecord#get} returned for the field). A timestamp logical type is its
+     * instant whatever the format says ({@code local-timestamp-*} and {@code date} read as UTC, like an ISO-8601
+     * text without a zone); integers and texts follow {@code format} as they do in JSON; anything else (floats,
+     * records, bytes) is no event time.
+     */
+    static Long readDecoded(Object value, Format format) {
+        if (value == null) {
+            return null;
+        }
+        if (value instanceof java.time.Instant instant) {
+            return instant.isBefore(java.time.Instant.EPOCH) || instant.isAfter(java.time.Instant.ofEpochMilli(MAX_MS))
+                    ? null : instant.toEpochMilli();
+        }
+        if (value instanceof java.time.LocalDateTime local) {
+            return readDecoded(local.toInstant(java.time.ZoneOffset.UTC), format);
+        }
+        if (value instanceof java.time.LocalDate date) {
+            return readDecoded(date.atStartOfDay(java.time.ZoneOffset.UTC).toInstant(), format);
+        }
+        if (value instanceof Long || value instanceof Integer) {
+            return format == Format.ISO8601 ? null : inRange(((Number) value).longValue());
+        }
+        if (value instanceof CharSequence text) {
+            String s = text.toString();
+            switch (format) {
+                case EPOCH_MILLIS:
+                    return digits(s);
+                case ISO8601:
+                    return iso(s);
+                default:
+                    return looksNumeric(s) ? digits(s) : iso(s);
+            }
+        }
+        return null;
+    }
+
     /** An integer literal (int, long or big integer node) within range; floats are refused. */
     static Long integral(JsonNode node) {
         if (!node.isIntegralNumber()) {

@@ -39,4 +39,14 @@ public final class RegistryDecoder {
         }
         return schema.decode(value, WireFormat.HEADER);
     }
+
+    /**
+     * A job's start-up check: the registry answers with these credentials (the number of versions of
+     * {@code subject}, 0 when it has none yet).
+     *
+     * @throws RegistryUnavailableException when it does not answer, or refuses the credentials
+     */
+    public int checkReachable(String subject) {
+        return cache.versionsNow(subject);
+    }
 }

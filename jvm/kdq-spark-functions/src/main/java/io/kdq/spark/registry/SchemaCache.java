@@ -88,6 +88,14 @@ public final class SchemaCache {
         }
     }
 
+    /**
+     * Asks the registry now (uncached) for {@code subject}'s versions: a job's start-up check that the registry
+     * answers with these credentials. Throws {@link RegistryUnavailableException} when it does not.
+     */
+    int versionsNow(String subject) {
+        return source.versions(subject).size();
+    }
+
     /** True when {@code id} is one of the versions of {@code subject}. */
     boolean inSubject(String subject, int id) {
         return subjects.computeIfAbsent(subject, Subject::new).contains(id);

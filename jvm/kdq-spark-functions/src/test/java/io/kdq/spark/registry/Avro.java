@@ -11,15 +11,15 @@ import org.apache.avro.io.BinaryEncoder;
 import org.apache.avro.io.EncoderFactory;
 
 /** Test helpers: Confluent framing of payloads written by Avro's own GenericDatumWriter. */
-final class Avro {
+public final class Avro {
     private Avro() {
     }
 
-    static byte[] frame(int id, byte[] payload) {
+    public static byte[] frame(int id, byte[] payload) {
         return ByteBuffer.allocate(5 + payload.length).put((byte) 0).putInt(id).put(payload).array();
     }
 
-    static byte[] encode(Schema schema, Object datum) {
+    public static byte[] encode(Schema schema, Object datum) {
         try {
             ByteArrayOutputStream out = new ByteArrayOutputStream();
             BinaryEncoder enc = EncoderFactory.get().binaryEncoder(out, null);

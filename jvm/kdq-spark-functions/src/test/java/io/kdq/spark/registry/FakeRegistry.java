@@ -22,7 +22,7 @@ import tools.jackson.databind.node.ObjectNode;
  * An in-process registry speaking the three requests of Confluent's API that {@link HttpSchemaSource} makes, on a
  * free loopback port; counts every request, can answer 503 (an outage) or demand an Authorization header.
  */
-final class FakeRegistry implements AutoCloseable {
+public final class FakeRegistry implements AutoCloseable {
     private static final JsonMapper MAPPER = JsonMapper.builder().build();
 
     private final HttpServer server;
@@ -30,23 +30,23 @@ final class FakeRegistry implements AutoCloseable {
     private final Map<String, List<Integer>> subjects = new ConcurrentHashMap<>();
     final AtomicInteger requests = new AtomicInteger();
     final Map<String, AtomicInteger> byKind = new ConcurrentHashMap<>();
-    volatile boolean down;
+    public volatile boolean down;
     volatile String requiredAuthorization;
     volatile String lastAuthorization;
     private int nextId = 1;
 
-    FakeRegistry() throws IOException {
+    public FakeRegistry() throws IOException {
         server = HttpServer.create(new InetSocketAddress("127.0.0.1", 0), 0);
         server.createContext("/", this::handle);
         server.start();
     }
 
-    String url() {
+    public String url() {
         return "http://127.0.0.1:" + server.getAddress().getPort() + "/apis/ccompat/v7/";
     }
 
     /** Registers {@code schema} under {@code subject} as its next version; returns its id (the same text: the same id). */
-    synchronized int register(String subject, String type, String schema, SchemaReference... refs) {
+    public synchronized int register(String subject, String type, String schema, SchemaReference... refs) {
         int id = -1;
         for (Map.Entry<Integer, ObjectNode> e : schemas.entrySet()) {
             if (e.getValue().get("schema").asString().equals(schema)) {

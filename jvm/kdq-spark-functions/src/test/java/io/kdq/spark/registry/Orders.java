@@ -12,8 +12,8 @@ import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericRecord;
 
 /** An 'orders'-like Avro schema (nested record, array of records, enums, union, map, logical types) and a record. */
-final class Orders {
-    static final String SCHEMA = """
+public final class Orders {
+    public static final String SCHEMA = """
             {"type":"record","name":"Order","namespace":"io.kdq.demo","fields":[
              {"name":"order_id","type":"string"},
              {"name":"id","type":{"type":"string","logicalType":"uuid"}},
@@ -30,13 +30,13 @@ final class Orders {
              {"name":"attrs","type":{"type":"map","values":"string"}},
              {"name":"gift","type":"boolean"}]}""";
 
-    static final Schema PARSED = new Schema.Parser().parse(SCHEMA);
+    public static final Schema PARSED = new Schema.Parser().parse(SCHEMA);
 
     private Orders() {
     }
 
     /** An order with {@code lines} lines (about 1 KB with 28). */
-    static GenericRecord order(int lines, String note) {
+    public static GenericRecord order(int lines, String note) {
         GenericRecord o = new GenericData.Record(PARSED);
         o.put("order_id", "o-0001-2023-11-14-000123");
         o.put("id", "6f1c2c1e-8d7a-4a53-9a43-2b0c6f0e9d11");
