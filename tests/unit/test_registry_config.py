@@ -163,8 +163,13 @@ def test_jobs_get_the_registry_in_their_spark_configuration_and_the_secrets_in_a
     properties = Path(command[command.index("--properties-file") + 1])
     assert f"spark.kdq.registry.password={SECRET}" in properties.read_text()
 
-    token = load_config(write(tmp_path, "[registry]\nurl = 'https://r.example.com'\n"),
-                        env={"KDQ_REGISTRY__BEARER_TOKEN": SECRET})
-    assert registry_conf(token)["spark.kdq.registry.bearer.token"] == SECRET
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    token = load_config(write(tmp_path, "[registry]\nurl = 'https://r.example.com'\nlogical_cluster = 'lsrc-1'\n"
+                              "ca_file = 'ca.pem'\n"), env={"KDQ_REGISTRY__BEARER_TOKEN": SECRET})
+    assert {k: v for k, v in registry_conf(token).items() if "url" not in k and "timeout" not in k} == {
+        "spark.kdq.registry.bearer.token": SECRET,
+        "spark.kdq.registry.logical.cluster": "lsrc-1",
+        "spark.kdq.registry.ca.file": str(tmp_path / "ca.pem"),
+    }
     # Neither configured nor recorded by the local stack: nothing (a registry rule then stops its job at start).
     assert registry_conf(load_config(write(tmp_path, ""), env={})) == {}

@@ -182,6 +182,11 @@ def registry_conf(config: Config) -> dict[str, str]:
         conf["spark.kdq.registry.password"] = config.registry.password
     elif config.registry.bearer_token:
         conf["spark.kdq.registry.bearer.token"] = config.registry.bearer_token
+        if config.registry.logical_cluster:
+            conf["spark.kdq.registry.logical.cluster"] = config.registry.logical_cluster
+    if config.registry.ca_file:
+        # Read by every JVM that judges records: on a cluster the file must be at this path on the workers too.
+        conf["spark.kdq.registry.ca.file"] = str(config.path(config.registry.ca_file))
     return conf
 
 

@@ -11,6 +11,9 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Base64;
 import java.util.List;
+import java.util.Map;
+
+import javax.net.ssl.SSLContext;
 
 import tools.jackson.databind.JsonNode;
 import tools.jackson.databind.json.JsonMapper;
@@ -18,8 +21,9 @@ import tools.jackson.databind.json.JsonMapper;
 /**
  * A registry's Confluent-compatible REST API over {@code java.net.http} (Confluent Schema Registry, Apicurio's
  * {@code /apis/ccompat/v7}, Karapace, Redpanda): the base URL is the API's root, e.g.
- * {@code http://127.0.0.1:8080/apis/ccompat/v7}. Basic auth or a bearer token; TLS through the JVM's default
- * trust store ({@code javax.net.ssl.trustStore}). The JSON is read with the Jackson 3 this jar already ships
+ * {@code http://127.0.0.1:8080/apis/ccompat/v7}. Basic auth or a bearer token, extra headers (Confluent Cloud's
+ * {@code target-sr-cluster}); TLS through the JVM's default trust store ({@code javax.net.ssl.trustStore}) or the
+ * given {@link SSLContext} (a private CA, {@link RegistryConnection#trusting}). The JSON is read with the Jackson 3 this jar already ships
  * (relocated), so nothing is added to Spark's class path.
  *
  * <p>200 is an answer, 404 is "no such id / subject / version" (null or empty), anything else (401/403 included:
@@ -32,6 +36,7 @@ public final class HttpSchemaSource implements SchemaSource {
 
     private final String base;
     private final String authorization;
+    private final Map<String, String> headers;
     private final Duration timeout;
     private final HttpClient client;
 
@@ -41,11 +46,25 @@ public final class HttpSchemaSource implements SchemaSource {
      * @param timeout       connect and request timeout
      */
     public HttpSchemaSource(String baseUrl, String authorization, Duration timeout) {
+        this(baseUrl, authorization, Map.of(), null, timeout);
+    }
+
+    /**
+     * @param headers sent with every request besides Accept and Authorization
+     * @param ssl     the TLS context of an https:// registry, or null for the JVM's default
+     */
+    public HttpSchemaSource(String baseUrl, String authorization, Map<String, String> headers, SSLContext ssl,
+            Duration timeout) {
         this.base = baseUrl.endsWith("/") ? baseUrl.substring(0, baseUrl.length() - 1) : baseUrl;
         this.authorization = authorization;
+        this.headers = Map.copyOf(headers);
         this.timeout = timeout;
-        this.client = HttpClient.newBuilder().connectTimeout(timeout).followRedirects(HttpClient.Redirect.NORMAL)
-                .build();
+        HttpClient.Builder builder = HttpClient.newBuilder().connectTimeout(timeout)
+                .followRedirects(HttpClient.Redirect.NORMAL);
+        if (ssl != null) {
+            builder.sslContext(ssl);
+        }
+        this.client = builder.build();
     }
 
     public static String basic(String user, String password) {
@@ -107,6 +126,7 @@ public final class HttpSchemaSource implements SchemaSource {
         if (authorization != null) {
             req.header("Authorization", authorization);
         }
+        headers.forEach(req::header);
         HttpResponse<byte[]> resp;
         try {
             resp = client.send(req.build(), HttpResponse.BodyHandlers.ofByteArray());
