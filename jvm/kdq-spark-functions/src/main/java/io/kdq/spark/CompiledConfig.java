@@ -78,7 +78,7 @@ final class CompiledConfig {
         }
     }
 
-    private static ExecutionConfig executionConfig(boolean assertFormat, int maxEvaluationDepth) {
+    static ExecutionConfig executionConfig(boolean assertFormat, int maxEvaluationDepth) {
         return ExecutionConfig.builder()
                 .formatAssertionsEnabled(assertFormat)
                 .failFast(false)
@@ -206,7 +206,7 @@ final class CompiledConfig {
      * A registry whose references resolve only to {@code documents} (and networknt's copies of the
      * official meta-schemas): nothing is ever fetched. Default dialect: draft 2020-12.
      */
-    private static SchemaRegistry registry(boolean assertFormat, Map<String, String> documents) {
+    static SchemaRegistry registry(boolean assertFormat, Map<String, String> documents) {
         SchemaRegistryConfig registryConfig = SchemaRegistryConfig.builder()
                 .formatAssertionsEnabled(assertFormat)
                 .regularExpressionFactory(BudgetRegexFactory.INSTANCE)
@@ -327,7 +327,7 @@ final class CompiledConfig {
         }
     }
 
-    private static Schema compileSchema(JsonNode schemaNode, String baseUri, SchemaRegistry registry,
+    static Schema compileSchema(JsonNode schemaNode, String baseUri, SchemaRegistry registry,
             Map<String, String> documents) {
         if (!schemaNode.isObject() && !schemaNode.isBoolean()) {
             throw new IllegalArgumentException("schema must be a JSON object or a boolean");

@@ -20,6 +20,18 @@ final class DecodeFailure extends RuntimeException {
         return this;
     }
 
+    /** The outermost step so far (null when none): a map entry's walk replaces its "value" step by the key. */
+    String outermost() {
+        return path.peekFirst();
+    }
+
+    /** Replaces the outermost step. */
+    DecodeFailure replaceOutermost(String step) {
+        path.pollFirst();
+        path.addFirst(step);
+        return this;
+    }
+
     /** The JSON pointer (RFC 6901) of the value that did not decode; {@link RegistryReasons#ROOT} for the root. */
     String pointer() {
         if (path.isEmpty()) {

@@ -16,12 +16,16 @@ public final class RegistryReasons {
     public static final String SCHEMA_NOT_FOR_SUBJECT = "schema_not_for_subject";
     public static final String AVRO_PREFIX = "avro:";
     public static final String PROTOBUF_PREFIX = "protobuf:";
+    /** A JSON Schema payload that is JSON but fails its schema: {@code json:<keywordLocation>}, as the classifier's {@code schema:}. */
+    public static final String JSON_PREFIX = "json:";
     /** The registry serves the id as a type these decoders do not read (yet): {@code unsupported_schema_type:JSON}. */
     public static final String UNSUPPORTED_TYPE_PREFIX = "unsupported_schema_type:";
     /** The registry's schema text does not compile (the producer's registry accepted it; the library does not). */
     public static final String INTERNAL_ERROR_PREFIX = "internal_error:";
     public static final String ROOT = "$";
     public static final String TRAILING = "$trailing_bytes";
+    /** Protobuf message indexes that are truncated, malformed, or name no message of the schema. */
+    public static final String MESSAGE_INDEX = "$message_index";
 
     private RegistryReasons() {
     }

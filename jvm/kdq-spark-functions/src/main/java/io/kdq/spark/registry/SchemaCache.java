@@ -105,6 +105,10 @@ public final class SchemaCache {
         switch (registered.type()) {
             case RegisteredSchema.AVRO:
                 return AvroSchemaDecoder.compile(id, registered, this::reference);
+            case RegisteredSchema.PROTOBUF:
+                return ProtobufSchemaDecoder.compile(id, registered, this::reference);
+            case RegisteredSchema.JSON:
+                return JsonSchemaDecoder.compile(id, registered, this::reference);
             default:
                 return CompiledSchema.unsupported(id, registered.type());
         }

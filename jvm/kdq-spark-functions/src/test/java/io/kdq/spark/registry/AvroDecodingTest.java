@@ -175,8 +175,8 @@ class AvroDecodingTest {
         int unparsable = registry.register("broken2-value", "AVRO", "{\"type\":\"record\",\"name\":\"C\"}");
         assertEquals("internal_error:SchemaParseException", decoder.decode("broken2-value",
                 Avro.frame(unparsable, new byte[] {2})).problem);
-        assertEquals("unsupported_schema_type:PROTOBUF", decoder.decode("ev-value", Avro.frame(registry.register(
-                "ev-value", "PROTOBUF", "syntax = \"proto3\";\nmessage E { string id = 1; }\n"), new byte[] {0})).problem);
+        assertEquals("unsupported_schema_type:XML", decoder.decode("ev-value", Avro.frame(registry.register(
+                "ev-value", "XML", "<schema/>"), new byte[] {0})).problem);
     }
 
     @Test
