@@ -38,6 +38,7 @@ import json
 import logging
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,12 @@ class RuleSet:
 
     def __len__(self) -> int:
         return len(self.rules)
+
+    def registry_rules_in_use(self, selected: Callable[[str], bool]) -> tuple[TopicRule, ...]:
+        """The registry-backed rules a job reading the topics ``selected`` accepts may meet: every pattern rule
+        (its topics may appear any time) and each exact rule whose topic is selected. A job with none needs no
+        Schema Registry (the shipped demo rules name topics that tests' streams never read)."""
+        return tuple(r for r in self.rules if r.registry and (r.is_pattern or selected(r.match)))
 
     def describe(self) -> list[str]:
         """One line per rule, in precedence order, for the job logs."""

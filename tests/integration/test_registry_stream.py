@@ -204,3 +204,92 @@ def test_a_registry_outage_loses_and_doubles_nothing(spark, local_stack, schema_
     assert sum(archived_offsets(spark, config, topic).values()) == 12
     assert latest_metrics(config)[(topic, W0, "valid")] == 12
     assert influx_points(config, topic) == {W0: (12, 0)}
+
+
+def _protobuf_payment_class():
+    """A Payment message class made at run time (no protoc here): payment.proto imports common.proto (a Protobuf
+    reference, which Confluent's serializer registers as a subject of its own) and has a nested message, an enum,
+    a repeated field and the event time as epoch millis."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    common = descriptor_pb2.FileDescriptorProto(name="io/kdq/test/common.proto", package="io.kdq.test",
+                                                syntax="proto3")
+    money = common.message_type.add(name="Money")
+    money.field.add(name="currency", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    money.field.add(name="units", number=2, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    payment = descriptor_pb2.FileDescriptorProto(name="io/kdq/test/payment.proto", package="io.kdq.test",
+                                                 syntax="proto3", dependency=["io/kdq/test/common.proto"])
+    message = payment.message_type.add(name="Payment")
+    message.field.add(name="id", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    message.field.add(name="amount", number=2, type=field.TYPE_MESSAGE, label=field.LABEL_OPTIONAL,
+                      type_name=".io.kdq.test.Money")
+    message.field.add(name="method", number=3, type=field.TYPE_ENUM, label=field.LABEL_OPTIONAL,
+                      type_name=".io.kdq.test.Payment.Method")
+    message.field.add(name="tags", number=4, type=field.TYPE_STRING, label=field.LABEL_REPEATED)
+    message.field.add(name="created_ms", number=5, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    message.field.add(name="card", number=6, type=field.TYPE_MESSAGE, label=field.LABEL_OPTIONAL,
+                      type_name=".io.kdq.test.Payment.Card")
+    method = message.enum_type.add(name="Method")
+    for number, name in enumerate(("METHOD_UNSPECIFIED", "CARD", "TRANSFER")):
+        method.value.add(name=name, number=number)
+    message.nested_type.add(name="Card").field.add(name="last4", number=1, type=field.TYPE_STRING,
+                                                   label=field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(common)
+    pool.Add(payment)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("io.kdq.test.Payment"))
+
+
+def test_protobuf_topic_counts_every_kind_exactly(spark, local_stack, schema_registry: LocalRegistry, registry_jvm,
+                                                  tmp_path) -> None:
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+    prefix = f"rp{tmp_path.name[-6:].replace('_', '')}"
+    topic = f"{prefix}-payments"
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    (folder / "topics.toml").write_text(
+        f'[[topic]]\nmatch = "{topic}"\nregistry = true\nevent_time_field = "created_ms"\n'
+        'event_time_format = "epoch_millis"\n'
+    )
+    config = isolated_config(local_stack, tmp_path / "data", prefix, paths={"rules_dir": str(folder)},
+                             registry={"url": schema_registry.url})
+    registry_jvm(config)
+    local_stack.kafka.create_topic(topic, partitions=2)
+    client = SchemaRegistryClient(config.registry_client_conf())
+    payment = _protobuf_payment_class()
+    serialize = ProtobufSerializer(payment, client, {"use.deprecated.format": False})
+    context = SerializationContext(topic, MessageField.VALUE)
+    ts = W0 + 300
+
+    def message(i: int, **fields) -> bytes:
+        p = payment(id=f"p-{i}", created_ms=ts, tags=["a", "b"], **fields)
+        p.amount.currency, p.amount.units = "EUR", 100 + i
+        p.card.last4 = "4242"
+        return serialize(p, context)
+
+    valid = [message(i, method=1 + i % 2) for i in range(5)]
+    payments_id = struct.unpack(">I", valid[0][1:5])[0]
+    assert client.get_schema(payments_id).references, "the import went to the registry as a reference"
+    header = valid[0][:6]  # magic, id, message indexes [0]
+    cases: list[tuple[bytes | None, str | None]] = [
+        *((v, None) for v in valid),
+        (message(9, method=7), None),  # proto3 enums are open: an unknown number is a value, not an error
+        (b'{"id": "p-1"}', "no_magic_byte"),
+        (_frame(999_998, valid[0][5:]), "unknown_schema_id"),
+        (header + b"\x0a\x05ab", "protobuf:/id"),  # field 1 claims 5 bytes, 2 follow
+        (header + b"\x08\x01", "protobuf:/id"),  # field 1 (a string) written as a varint
+        (_frame(payments_id, b"\x02\x0a" + valid[0][6:]), "protobuf:$message_index"),  # message [5]: none
+        (header + payment(id="p-8", created_ms=-1).SerializeToString(), "bad_timestamp"),  # before 1970
+    ]
+    produce(config.kafka_bootstrap(), topic, [(i % 2, value, ts) for i, (value, _) in enumerate(cases)])
+    run_available_now(SpeedLayer(spark, config, load_rules(config.rules_dir)))
+
+    expected = expected_counts(topic, [(ts, reason is None) for _, reason in cases])
+    assert window_counts(spark, config, topic) == expected
+    got_reasons = reason_counts(spark, config, topic)
+    assert got_reasons == expected_reasons([(ts, reason) for _, reason in cases if reason is not None]), got_reasons
+    assert {k: v for k, v in latest_metrics(config).items() if k[0] == topic} == expected
+    n_valid, n_invalid = sum(r is None for _, r in cases), sum(r is not None for _, r in cases)
+    assert influx_points(config, topic) == {W0: (n_valid, n_invalid)}

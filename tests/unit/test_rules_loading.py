@@ -316,3 +316,16 @@ def test_broken_registry_rules_name_the_problem(tmp_path: Path, entry: str, mess
     write(tmp_path, "topics.toml", f'[[topic]]\nmatch = "orders"\n{entry}\n')
     with pytest.raises(RuleError, match=message):
         load_rules(tmp_path)
+
+
+def test_registry_rules_in_use_by_a_job(tmp_path: Path) -> None:
+    """A stream needs the Schema Registry only when a registry-backed rule may meet a topic it reads."""
+    from kdq.windows import topic_selected
+
+    write(tmp_path, "topics.toml", '[[topic]]\nmatch = "orders.avro"\nregistry = true\n'
+          '[[topic]]\nmatch = "orders"\n')
+    rules = load_rules(tmp_path)
+    assert [r.match for r in rules.registry_rules_in_use(lambda t: topic_selected(t, ".*", "_.*"))] == ["orders.avro"]
+    assert rules.registry_rules_in_use(lambda t: topic_selected(t, "t-123.*", "_.*")) == ()
+    write(tmp_path, "topics.toml", '[[topic]]\nmatch = "re:pay\\\\..*"\nregistry = true\n')
+    assert len(load_rules(tmp_path).registry_rules_in_use(lambda t: False)) == 1  # a pattern: its topics come and go

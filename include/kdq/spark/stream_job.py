@@ -97,6 +97,7 @@ def _run_owned(
     from kdq.spark.classifier import check_rules
     from kdq.spark.lost_checkpoint import starting_offsets
     from kdq.spark.speed_layer import FaultInjector, ProgressRecorder, SpeedLayer, checkpoint_dir
+    from kdq.windows import topic_selected
 
     fenced = threading.Event()
     lease.keep_renewed(lambda reason: fenced.set())
@@ -104,8 +105,14 @@ def _run_owned(
     rules = load_rules(config.rules_dir)
     for line in rules.describe():
         log.info("rule %s", line)
-    # Every rule compiled in the JVM now: a broken one stops the job here, naming its file.
-    log.info("rules: %s", check_rules(spark, rules, config.stream))
+    # Every rule compiled in the JVM now: a broken one stops the job here, naming its file. The Schema Registry is
+    # asked too when a registry-backed rule may meet a topic this stream reads: not configured, not answering or
+    # refusing kdq's login stops the job here, naming the rule (the supervisor retries it with backoff).
+    kafka = config.kafka
+    in_use = rules.registry_rules_in_use(
+        lambda topic: topic_selected(topic, kafka.topic_include, kafka.topic_exclude, (kafka.metrics_topic,))
+    )
+    log.info("rules: %s", check_rules(spark, rules, config.stream, ask_registry=bool(in_use)))
     # A new checkpoint over tables that hold counts must not count everything again.
     starting.phase("lost_checkpoint")
     resume_at = starting_offsets(spark, config, checkpoint_dir(config))

@@ -114,8 +114,11 @@ final class CompiledConfig {
             }
             String subject = rule.registry.subject(rule.topicPattern == null ? rule.match : "kdq-start-up-check");
             try {
-                rule.registry.decoder.checkReachable(subject);
+                rule.registry.decoder().checkReachable(subject);
             } catch (RegistryUnavailableException e) {
+                if (e.getCause() instanceof IllegalArgumentException unconfigured) {
+                    throw new IllegalArgumentException("rule '" + rule.label + "' " + unconfigured.getMessage(), e);
+                }
                 throw new IllegalArgumentException("rule '" + rule.label + "' uses the Schema Registry, which does not"
                         + " answer: " + e.getMessage(), e);
             }
@@ -180,7 +183,7 @@ final class CompiledConfig {
         }
 
         SchemaRegistry schemas = registry(assertFormat, documents);
-        Lazy<RegistryDecoder> decoders = new Lazy<>(registry);
+        Lazy decoders = new Lazy(registry);
 
         // $dynamicRef is resolved when a record is evaluated; its static target (the one a $ref with
         // the same value would have) must exist: checked now on a copy where $dynamicRef reads $ref.
@@ -260,7 +263,7 @@ final class CompiledConfig {
     }
 
     private static CompiledRule compileRule(JsonNode r, String baseUri, SchemaRegistry registry, SchemaRegistry probe,
-            Map<String, String> documents, Lazy<RegistryDecoder> decoders) {
+            Map<String, String> documents, Lazy decoders) {
         String label = r.path("label").asString(r.path("match").asString("?"));
         String source = r.path("source").asString("(inline)");
         String where = "rule '" + label + "' (" + source + ")";
@@ -319,7 +322,7 @@ final class CompiledConfig {
                     throw new IllegalArgumentException("subject_strategy '" + strategy + "' is not supported (supported: "
                             + RegistryRule.TOPIC_NAME + ")");
                 }
-                registryRule = new RegistryRule(strategy, decoders.get());
+                registryRule = new RegistryRule(strategy, decoders);
             }
             return new CompiledRule(label, match, topicPattern, version, field, format, schema, registryRule);
         } catch (RuntimeException | StackOverflowError e) {
@@ -435,7 +438,7 @@ final class CompiledConfig {
                 return Classifier.row(Reasons.NULL_VALUE, null, hasField, version);
             }
             if (rule != null && rule.registry != null) {
-                Verdict verdict = rule.registry.decoder.decode(rule.registry.subject(topic), value);
+                Verdict verdict = rule.registry.decoder().decode(rule.registry.subject(topic), value);
                 if (verdict.problem != null) {
                     return Classifier.row(verdict.problem, null, hasField, version);
                 }
@@ -512,11 +515,15 @@ final class CompiledConfig {
         static final String TOPIC_NAME = "topic_name";
 
         final String subjectStrategy;
-        final RegistryDecoder decoder;
+        private final Lazy decoder;
 
-        RegistryRule(String subjectStrategy, RegistryDecoder decoder) {
+        RegistryRule(String subjectStrategy, Lazy decoder) {
             this.subjectStrategy = subjectStrategy;
             this.decoder = decoder;
+        }
+
+        RegistryDecoder decoder() {
+            return decoder.get();
         }
 
         String subject(String topic) {
@@ -524,20 +531,35 @@ final class CompiledConfig {
         }
     }
 
-    /** A value made on first use only (the registry's decoder: a rule set without registry rules never needs one). */
-    private static final class Lazy<T> {
-        private final java.util.function.Supplier<T> supplier;
-        private T value;
+    /**
+     * The registry's decoder, made on first use: a rule set whose registry rules never meet a record (a demo topic
+     * the job does not read) needs no registry. Made on an executor without a registry configured, it throws
+     * {@link RegistryUnavailableException}: the task fails naming the problem, never a verdict.
+     */
+    private static final class Lazy {
+        private final java.util.function.Supplier<RegistryDecoder> supplier;
+        private volatile RegistryDecoder value;
 
-        Lazy(java.util.function.Supplier<T> supplier) {
+        Lazy(java.util.function.Supplier<RegistryDecoder> supplier) {
             this.supplier = supplier;
         }
 
-        T get() {
-            if (value == null) {
-                value = supplier.get();
+        RegistryDecoder get() {
+            RegistryDecoder v = value;
+            if (v == null) {
+                synchronized (this) {
+                    v = value;
+                    if (v == null) {
+                        try {
+                            v = supplier.get();
+                        } catch (IllegalArgumentException e) {
+                            throw new RegistryUnavailableException("a registry-backed rule " + e.getMessage(), e);
+                        }
+                        value = v;
+                    }
+                }
             }
-            return value;
+            return v;
         }
     }
 }

@@ -89,10 +89,17 @@ class RegistryRuleTest {
 
     @Test
     void aRegistryRuleWithoutARegistryOrWithASchemaIsRefusedAtStart() {
-        IllegalArgumentException none = assertThrows(IllegalArgumentException.class,
-                () -> CompiledConfig.compile(registryConfig().toString(), () -> RegistryConnection.fromConf(key -> null)));
-        assertTrue(none.getMessage().contains("rule '" + TOPIC + "'") && none.getMessage().contains("none is configured"),
+        // Without a registry the rules compile (a job that never meets the topic needs none), the start-up check
+        // refuses them naming the rule, and a record of the topic fails its task: never a verdict.
+        CompiledConfig unconfigured = CompiledConfig.compile(registryConfig().toString(),
+                () -> RegistryConnection.fromConf(key -> null));
+        assertNull(unconfigured.classify("plain", TestSupport.utf8("{}")).get(0));
+        IllegalArgumentException none = assertThrows(IllegalArgumentException.class, unconfigured::checkRegistry);
+        assertTrue(none.getMessage().startsWith("rule '" + TOPIC + "' uses the Schema Registry but none is configured"),
                 none.getMessage());
+        RegistryUnavailableException record = assertThrows(RegistryUnavailableException.class,
+                () -> unconfigured.classify(TOPIC, Avro.frame(1, new byte[] {2})));
+        assertTrue(record.getMessage().contains("none is configured"), record.getMessage());
 
         ObjectNode both = registryConfig();
         ((ObjectNode) both.get("rules").get(0)).set("schema", TestSupport.json("{\"type\":\"object\"}"));

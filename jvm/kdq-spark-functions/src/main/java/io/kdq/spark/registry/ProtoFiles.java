@@ -87,6 +87,28 @@ final class ProtoFiles {
     private ProtoFiles() {
     }
 
+    private static final java.util.regex.Pattern BASE64 = java.util.regex.Pattern.compile("[A-Za-z0-9+/]+={0,2}");
+
+    /**
+     * A registered Protobuf schema: .proto text, or the base64 of a serialized {@code FileDescriptorProto}, which
+     * is what Confluent's Python serializer registers (and Apicurio keeps as it came); the latter is taken as it
+     * is, its message order protoc's.
+     */
+    static FileDescriptorProto parseSchema(String name, String schema) {
+        String compact = schema.strip();
+        if (BASE64.matcher(compact).matches()) {
+            try {
+                FileDescriptorProto proto = FileDescriptorProto.parseFrom(java.util.Base64.getDecoder().decode(compact));
+                if (proto.getMessageTypeCount() > 0 || proto.getEnumTypeCount() > 0) {
+                    return proto.hasName() ? proto : proto.toBuilder().setName(name).build();
+                }
+            } catch (IllegalArgumentException | com.google.protobuf.InvalidProtocolBufferException e) {
+                // not a descriptor: parsed as .proto text below (and refused there, naming the problem)
+            }
+        }
+        return parse(name, schema);
+    }
+
     /** Parses {@code text} (named {@code name}, as its importers import it). IllegalArgumentException when Wire refuses it. */
     static FileDescriptorProto parse(String name, String text) {
         ProtoFileElement file;

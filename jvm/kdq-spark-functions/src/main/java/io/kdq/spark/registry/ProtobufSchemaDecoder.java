@@ -80,7 +80,7 @@ final class ProtobufSchemaDecoder extends CompiledSchema {
             }
             imports.put(ref.name(), d);
         }
-        return ProtoFiles.build(ProtoFiles.parse(name, s.schema()), imports);
+        return ProtoFiles.build(ProtoFiles.parseSchema(name, s.schema()), imports);
     }
 
     /** The message the indexes name (top-level message, then nested messages by position), or null. */

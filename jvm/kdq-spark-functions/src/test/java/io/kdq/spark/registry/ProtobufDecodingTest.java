@@ -361,4 +361,20 @@ class ProtobufDecodingTest {
         assertEquals(new java.math.BigInteger("18446744073709551615"), v.record.get("big"));
         assertEquals(4294967295L, v.record.get("f"));
     }
+
+    @Test
+    void aSchemaRegisteredAsABase64DescriptorDecodesAsItsText() throws Exception {
+        // Confluent's Python serializer registers the base64 of the FileDescriptorProto, and Apicurio keeps it so.
+        String base64 = java.util.Base64.getEncoder().encodeToString(
+                ProtoFiles.parse("events.proto", EVENTS).toByteArray());
+        int id = registry.register("events-b64-value", "PROTOBUF", base64);
+        Pb event = pb().s(1, "e-1").v(2, 2);
+        Verdict v = decoder.decode("events-b64-value", first(id, event));
+        assertNull(v.problem, v.toString());
+        assertEquals("B", v.record.get("kind"));
+        assertEquals("protobuf:/kind", decoder.decode("events-b64-value", first(id, pb().s(1, "e-1").v(2, 9))).problem);
+        // Not base64 of a descriptor (nor .proto text): a fixed verdict for the id, never a crash.
+        int broken = registry.register("broken-value", "PROTOBUF", "bm90IGEgZGVzY3JpcHRvcg==");
+        assertTrue(decoder.decode("broken-value", first(broken, event)).problem.startsWith("internal_error:"));
+    }
 }
