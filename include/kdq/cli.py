@@ -268,10 +268,10 @@ def _sql_through(url: str, args: argparse.Namespace) -> int:
 
 
 def _demo_spec(config: Config, args: argparse.Namespace):
-    from kdq.traffic import TrafficSpec, parse_topics
+    from kdq.traffic import TrafficSpec, default_topics, parse_topics
 
     return TrafficSpec(
-        topics=parse_topics(args.topics),
+        topics=parse_topics(args.topics or default_topics(config)),
         rate=args.rate,
         partitions=args.partitions,
         invalid_ratio=args.invalid_ratio,
@@ -365,7 +365,7 @@ def _run(config: Config, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kdq.traffic import DEFAULT_TOPICS
+    from kdq.traffic import DEFAULT_TOPICS, REGISTRY_TOPICS
 
     parser = argparse.ArgumentParser(prog="kdq", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="config file (default: $KDQ_CONFIG or kdq.toml)")
@@ -440,8 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="produce demo traffic: valid, invalid, out-of-order and late JSON records at a fixed rate"
     )
     demo.add_argument("--rate", type=float, default=50.0, help="records per second over all topics (default 50)")
-    demo.add_argument("--topics", default=DEFAULT_TOPICS,
-                      help=f"comma-separated topic[:kind]; kinds: orders, payments, measurements, json (default {DEFAULT_TOPICS})")
+    demo.add_argument("--topics", default=None,
+                      help="comma-separated topic[:kind]; kinds: orders, payments, measurements, json, avro_orders, "
+                      f"protobuf_payments (default {DEFAULT_TOPICS}, and {REGISTRY_TOPICS} when a Schema Registry is "
+                      "configured or the local stack runs one)")
     demo.add_argument("--partitions", type=int, default=3, help="partitions of topics it creates (default 3)")
     demo.add_argument("--invalid-ratio", type=float, default=0.1, help="fraction of invalid records (default 0.1)")
     demo.add_argument("--out-of-order", type=float, default=0.05,

@@ -9,7 +9,12 @@ Each topic has a **record kind** that knows how a good document looks and how it
 * ``json``, for topics without a rule: any JSON object is valid;
 * ``measurements`` (topic ``ops.metrics``): numeric server measurements for the streaming summary
   ``ops_metrics`` configured in ``kdq.toml`` (:class:`MeasurementsKind`);
-* every kind also produces undecodable values (``not_json``, ``not_utf8``) among its invalid records.
+* every kind also produces undecodable values (``not_json``, ``not_utf8``) among its invalid records;
+* ``avro_orders`` (topic ``orders.avro``) and ``protobuf_payments`` (topic ``payments.proto``) are written through
+  the Schema Registry in Confluent's wire format (:class:`RegistryKind`: the schema registered under
+  ``<topic>-value`` at start); their invalid records are the registry's kinds of bad (no magic byte, an unknown
+  schema id, a truncated payload, trailing bytes, a bad enum index, a wrong wire type, a bad message index). They
+  join the default topics when a registry is configured or the local stack runs one (:func:`default_topics`).
 
 Timing, per record: *on time* (event time = now), *out of order* (event time up to 80 % of the allowed
 lateness in the past: the speed layer still counts it and updates that older window), or *late* (event
@@ -25,6 +30,8 @@ kind is a :class:`RecordKind` subclass registered in :data:`KINDS`.
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import logging
 import math
@@ -40,7 +47,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kdq.config import Config, check_kafka_reachable
+from kdq.config import Config, ConfigError, check_kafka_reachable
 from kdq.stack.procs import ManagedProcess
 
 log = logging.getLogger("kdq.demo")
@@ -199,10 +206,216 @@ class MeasurementsKind(RecordKind):
         return document["host"].encode()
 
 
+# -- kinds written through the Schema Registry ------------------------------------------------------------
+
+# (rng, document, the valid framed value) -> an invalid value
+RegistryDefect = Callable[[random.Random, dict, bytes], bytes]
+UNKNOWN_SCHEMA_ID_BASE = 0x7FFF0000  # far above any id a registry hands out
+
+
+def frame(schema_id: int, payload: bytes) -> bytes:
+    """Confluent's wire format: magic byte 0, the schema id (4 bytes, big-endian), the payload."""
+    return b"\x00" + schema_id.to_bytes(4, "big") + payload
+
+
+def _unknown_schema_id(rng: random.Random, document: dict, value: bytes) -> bytes:
+    return frame(UNKNOWN_SCHEMA_ID_BASE + rng.randrange(1000), value[5:])
+
+
+def _no_magic_byte(rng: random.Random, document: dict, value: bytes) -> bytes:
+    return _json(document)  # what a producer without the registry's serializer writes
+
+
+class RegistryKind(RecordKind):
+    """A kind whose values are written through the Schema Registry: ``schema_text`` of ``schema_type`` is
+    registered under ``<topic>-value`` when the demo starts, each value framed with the id it got."""
+
+    schema_type = ""
+    schema_text = ""
+    registry_defects: dict[str, RegistryDefect] = {}
+
+    def payload(self, document: dict) -> bytes:
+        raise NotImplementedError
+
+    def encode(self, document: dict, schema_id: int) -> bytes:
+        return frame(schema_id, self.payload(document))
+
+    def all_defects(self) -> dict[str, Any]:
+        return {**self.registry_defects, "no_magic_byte": _no_magic_byte, "unknown_schema_id": _unknown_schema_id}
+
+
+AVRO_ORDER_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "io.kdq.demo",
+    "fields": [
+        {"name": "order_id", "type": "string"},
+        {"name": "amount", "type": "double"},
+        {"name": "currency", "type": {"type": "enum", "name": "Currency", "symbols": list(CURRENCIES)}},
+        {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [
+            {"name": "id", "type": "string"}, {"name": "email", "type": ["null", "string"], "default": None}]}},
+        {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "Line", "fields": [
+            {"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}]}}},
+        {"name": "created_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
+
+
+@functools.lru_cache(maxsize=4)
+def _avro_schema(widened: bool) -> Any:
+    """The parsed orders schema; ``widened``: a writer whose currency enum has one more symbol (JPY)."""
+    import fastavro
+
+    schema = json.loads(json.dumps(AVRO_ORDER_SCHEMA))
+    if widened:
+        schema["fields"][2]["type"]["symbols"].append("JPY")
+    return fastavro.parse_schema(schema)
+
+
+def _avro(document: dict, widened: bool = False) -> bytes:
+    import fastavro
+
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, _avro_schema(widened), document)
+    return out.getvalue()
+
+
+class AvroOrdersKind(RegistryKind):
+    """Orders as Avro (:data:`AVRO_ORDER_SCHEMA`: a nested record, an array of records, an enum, a union, a
+    timestamp); the shipped rule ``orders.avro`` reads its event time from ``created_at``."""
+
+    name = "avro_orders"
+    schema_type = "AVRO"
+    schema_text = json.dumps(AVRO_ORDER_SCHEMA, separators=(",", ":"))
+    registry_defects: dict[str, RegistryDefect] = {
+        "truncated": lambda rng, d, v: v[: rng.randint(5, len(v) - 1)],  # Avro has no end marker: any cut is short
+        "trailing_bytes": lambda rng, d, v: v + bytes([rng.randrange(256)]),
+        "bad_currency": lambda rng, d, v: v[:5] + _avro({**d, "currency": "JPY"}, widened=True),
+    }
+
+    def document(self, rng: random.Random, seq: int, event_ms: int) -> dict:
+        return {
+            "order_id": f"o-{seq}",
+            "amount": round(rng.uniform(1, 500), 2),
+            "currency": rng.choice(CURRENCIES),
+            "customer": {"id": f"c-{rng.randrange(1000)}", "email": None if rng.random() < 0.5 else "a@example.com"},
+            "lines": [{"sku": f"sku-{rng.randrange(200)}", "qty": rng.randint(1, 5)} for _ in range(rng.randint(1, 3))],
+            "created_at": event_ms,
+        }
+
+    def key(self, document: dict) -> bytes | None:
+        return document["customer"]["id"].encode()
+
+    def payload(self, document: dict) -> bytes:
+        return _avro(document)
+
+
+PROTOBUF_PAYMENT_SCHEMA = """\
+syntax = "proto3";
+package io.kdq.demo;
+
+message Payment {
+  string payment_id = 1;
+  string order_id = 2;
+  int64 amount_cents = 3;
+  string currency = 4;
+  Method method = 5;
+  Status status = 6;
+  Card card = 7;
+  int64 created_at_ms = 8;
+  enum Method { METHOD_UNSPECIFIED = 0; CARD = 1; SEPA = 2; PAYPAL = 3; }
+  enum Status { STATUS_UNSPECIFIED = 0; AUTHORIZED = 1; CAPTURED = 2; REFUNDED = 3; FAILED = 4; }
+  message Card { string last4 = 1; }
+}
+"""
+PAYMENT_METHODS = {"card": 1, "sepa": 2, "paypal": 3}
+PAYMENT_STATUSES = {"authorized": 1, "captured": 2, "refunded": 3, "failed": 4}
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    n &= (1 << 64) - 1  # negative int64: ten bytes, as protobuf writes them
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _pb_varint(field_number: int, n: int) -> bytes:
+    return _varint(field_number << 3) + _varint(n)
+
+
+def _pb_bytes(field_number: int, data: bytes) -> bytes:
+    return _varint(field_number << 3 | 2) + _varint(len(data)) + data
+
+
+class ProtobufPaymentsKind(RegistryKind):
+    """Payments as Protobuf (:data:`PROTOBUF_PAYMENT_SCHEMA`, registered as .proto text), written field by field
+    in number order with the message indexes ``[0]`` (the first message); the shipped rule ``payments.proto``
+    reads its event time from ``created_at_ms``."""
+
+    name = "protobuf_payments"
+    schema_type = "PROTOBUF"
+    schema_text = PROTOBUF_PAYMENT_SCHEMA
+    registry_defects: dict[str, RegistryDefect] = {
+        # created_at_ms comes last and takes 6 bytes after its tag: a cut of 1 to 5 ends inside it (a cut at a
+        # field boundary would be a valid message with fewer fields).
+        "truncated": lambda rng, d, v: v[: len(v) - rng.randint(1, 5)],
+        "wrong_wire_type": lambda rng, d, v: v[:6] + _pb_varint(1, 7) + v[6:],  # payment_id (a string) as a number
+        "bad_message_index": lambda rng, d, v: v[:5] + b"\x02\x06" + v[6:],  # message [3]: the file has one
+    }
+
+    def document(self, rng: random.Random, seq: int, event_ms: int) -> dict:
+        method = rng.choice(tuple(PAYMENT_METHODS))
+        document = {
+            "payment_id": f"p-{seq}",
+            "order_id": f"o-{rng.randrange(max(seq, 1))}",
+            "amount_cents": rng.randint(100, 50_000),
+            "currency": rng.choice(CURRENCIES),
+            "method": method,
+            "status": rng.choice(tuple(PAYMENT_STATUSES)),
+            "created_at_ms": event_ms,
+        }
+        if method == "card":
+            document["card"] = {"last4": f"{rng.randrange(10_000):04d}"}
+        return document
+
+    def key(self, document: dict) -> bytes | None:
+        return document["order_id"].encode()
+
+    def payload(self, document: dict) -> bytes:
+        card = document.get("card")
+        return b"\x00" + b"".join((  # message indexes [0], then the fields
+            _pb_bytes(1, document["payment_id"].encode()),
+            _pb_bytes(2, document["order_id"].encode()),
+            _pb_varint(3, document["amount_cents"]),
+            _pb_bytes(4, document["currency"].encode()),
+            _pb_varint(5, PAYMENT_METHODS[document["method"]]),
+            _pb_varint(6, PAYMENT_STATUSES[document["status"]]),
+            _pb_bytes(7, _pb_bytes(1, card["last4"].encode())) if card else b"",
+            _pb_varint(8, document["created_at_ms"]),
+        ))
+
+
 KINDS: dict[str, RecordKind] = {
-    kind.name: kind for kind in (OrdersKind(), PaymentsKind(), MeasurementsKind(), RecordKind())
+    kind.name: kind
+    for kind in (OrdersKind(), PaymentsKind(), MeasurementsKind(), RecordKind(), AvroOrdersKind(),
+                 ProtobufPaymentsKind())
 }
 DEFAULT_TOPICS = "orders,payments,ops.metrics:measurements"
+# With a Schema Registry (configured, or the local stack's): the shipped rules judge these two through it.
+REGISTRY_TOPICS = "orders.avro:avro_orders,payments.proto:protobuf_payments"
+
+
+def default_topics(config: Config) -> str:
+    """The demo's topics: :data:`DEFAULT_TOPICS`, and :data:`REGISTRY_TOPICS` when a registry is configured or
+    the local stack recorded one."""
+    try:
+        config.registry_url()
+    except ConfigError:
+        return DEFAULT_TOPICS
+    return f"{DEFAULT_TOPICS},{REGISTRY_TOPICS}"
 
 
 def parse_topics(text: str) -> tuple[tuple[str, str], ...]:
@@ -272,8 +485,17 @@ class DemoRecord:
 class TrafficGenerator:
     """Deterministic record factory: the same spec (with a seed) and clock readings give the same records."""
 
-    def __init__(self, spec: TrafficSpec, partitions: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, spec: TrafficSpec, partitions: dict[str, int] | None = None, schema_ids: dict[str, int] | None = None
+    ) -> None:
+        """``schema_ids``: topic -> the id its kind's schema got from the registry (:func:`register_schemas`),
+        for the topics of :class:`RegistryKind` kinds."""
         self.spec = spec
+        self.schema_ids = dict(schema_ids or {})
+        for topic, kind in spec.topics:
+            if isinstance(KINDS[kind], RegistryKind) and topic not in self.schema_ids:
+                raise ValueError(f"topic {topic!r}: kind {kind!r} is written through the Schema Registry, and no schema"
+                                 " id was registered for it")
         self.rng = random.Random(spec.seed)
         self.seq = 0
         # Partitions per topic: the spec's, or fewer when an existing topic has fewer.
@@ -295,10 +517,16 @@ class TrafficGenerator:
         document = kind.document(self.rng, self.seq, event_ms)
         self.seq += 1
         defect = None
-        if self.rng.random() < self.spec.invalid_ratio:
+        invalid = self.rng.random() < self.spec.invalid_ratio
+        if invalid:
             defects = kind.all_defects()
             defect = sorted(defects)[self.rng.randrange(len(defects))]
-            value = defects[defect](self.rng, document)
+        if isinstance(kind, RegistryKind):
+            value = kind.encode(document, self.schema_ids[topic])
+            if defect is not None:
+                value = kind.all_defects()[defect](self.rng, document, value)
+        elif defect is not None:
+            value = kind.all_defects()[defect](self.rng, document)
         else:
             value = _json(document)
         return DemoRecord(
@@ -402,6 +630,32 @@ def ensure_topics(config: Config, spec: TrafficSpec, timeout: float = 30.0) -> d
     return {topic: min(spec.partitions, len(metadata[topic].partitions)) for topic, _ in spec.topics}
 
 
+def register_schemas(config: Config, spec: TrafficSpec, attempts: int = 5) -> dict[str, int]:
+    """Registers the schema of each :class:`RegistryKind` topic under ``<topic>-value`` (the same schema again:
+    the same id) and returns topic -> id; retried with backoff, then a ConfigError naming the registry."""
+    wanted = [(topic, KINDS[kind]) for topic, kind in spec.topics if isinstance(KINDS[kind], RegistryKind)]
+    if not wanted:
+        return {}
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    client_conf = config.registry_client_conf()  # a ConfigError when no registry is configured or running
+    for attempt in range(attempts):
+        try:
+            client = SchemaRegistryClient(client_conf)
+            return {
+                topic: client.register_schema(f"{topic}-value", Schema(kind.schema_text, kind.schema_type))
+                for topic, kind in wanted
+            }
+        except Exception as exc:  # the registry's client raises its own errors and httpx's
+            if attempt == attempts - 1:
+                raise ConfigError(
+                    f"the Schema Registry at {client_conf['url']} did not register the demo's schemas: {exc}"
+                ) from None
+            log.warning("demo: registering the schemas failed (%s); again in %d s", exc, 2**attempt)
+            time.sleep(2**attempt)
+    raise AssertionError("unreachable")
+
+
 def run_demo(
     config: Config,
     spec: TrafficSpec,
@@ -415,7 +669,7 @@ def run_demo(
     stop = stop or threading.Event()
     check_kafka_reachable(config)  # a clear error for an unreachable broker or refused credentials, not a timeout
     partitions = ensure_topics(config, spec)
-    generator = TrafficGenerator(spec, partitions)
+    generator = TrafficGenerator(spec, partitions, register_schemas(config, spec))
     stats = DemoStats()
     producer = Producer(
         {**config.kafka_client_conf(), "linger.ms": 20, "enable.idempotence": True, "client.id": "kdq-demo"}

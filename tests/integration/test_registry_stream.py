@@ -26,6 +26,7 @@ from kdq.rules import load_rules
 from kdq.spark.session import registry_conf
 from kdq.spark.speed_layer import SpeedLayer
 from kdq.stack.registry import LocalRegistry
+from tests.conftest import PROJECT_ROOT
 from tests.integration.helpers import (
     W0,
     archived_offsets,
@@ -293,3 +294,41 @@ def test_protobuf_topic_counts_every_kind_exactly(spark, local_stack, schema_reg
     assert {k: v for k, v in latest_metrics(config).items() if k[0] == topic} == expected
     n_valid, n_invalid = sum(r is None for _, r in cases), sum(r is not None for _, r in cases)
     assert influx_points(config, topic) == {W0: (n_valid, n_invalid)}
+
+
+def test_the_demos_avro_and_protobuf_topics_are_counted_as_produced(spark, local_stack, schema_registry: LocalRegistry,
+                                                                    registry_jvm, tmp_path) -> None:
+    """`make run`'s registry-backed demo topics (kdq.traffic's avro_orders and protobuf_payments, their schemas
+    registered at the demo's start) under the shipped rules' settings: every record the demo calls valid is
+    valid for the stream, every one it calls invalid is invalid."""
+    import shutil
+
+    from kdq.traffic import TrafficSpec, run_demo
+
+    prefix = f"rd{tmp_path.name[-6:].replace('_', '')}"
+    avro_topic, protobuf_topic = f"{prefix}-orders.avro", f"{prefix}-payments.proto"
+    folder = tmp_path / "rules"
+    shutil.copytree(PROJECT_ROOT / "config" / "rules", folder)
+    shipped = (folder / "topics.toml").read_text()
+    assert 'match = "orders.avro"' in shipped and 'match = "payments.proto"' in shipped
+    (folder / "topics.toml").write_text(
+        shipped.replace('"orders.avro"', f'"{avro_topic}"').replace('"payments.proto"', f'"{protobuf_topic}"')
+    )
+    config = isolated_config(local_stack, tmp_path / "data", prefix, paths={"rules_dir": str(folder)},
+                             registry={"url": schema_registry.url})
+    registry_jvm(config)
+    spec = TrafficSpec(topics=((avro_topic, "avro_orders"), (protobuf_topic, "protobuf_payments")), rate=2000,
+                       count=600, invalid_ratio=0.3, out_of_order=0, late=0, seed=28, partitions=2)
+    stats = run_demo(config, spec)
+    assert stats["delivered"] == 600 and stats["failed"] == 0, stats
+    run_available_now(SpeedLayer(spark, config, load_rules(config.rules_dir)))
+
+    for topic in (avro_topic, protobuf_topic):
+        counted: dict[str, int] = {"valid": 0, "invalid": 0}
+        for (_, _, status), n in window_counts(spark, config, topic).items():
+            counted[status] += n
+        produced = stats["topics"][topic]
+        assert counted == {"valid": produced.get("valid", 0), "invalid": produced.get("invalid", 0)}, (topic, produced)
+        assert produced.get("invalid", 0) > 20  # every kind of defect, about 30 % of the topic
+        reasons = {reason for (_, reason) in reason_counts(spark, config, topic)}
+        assert {"no_magic_byte", "unknown_schema_id"} <= reasons and "internal_error" not in " ".join(reasons), reasons

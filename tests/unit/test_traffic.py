@@ -154,3 +154,89 @@ def test_rate_limiter_paces_and_does_not_burst_after_a_stall() -> None:
     assert limiter.due() == 50
     now[0] += 0.2
     assert limiter.due() == 10
+
+
+def _protobuf_fields(payload: bytes) -> dict[int, list]:
+    """A strict reader of the demo's Payment messages (protobuf's wire format by hand): field number -> values;
+    raises ValueError on a truncated field or a wire type the schema does not give that field."""
+    wire_types = {1: 2, 2: 2, 3: 0, 4: 2, 5: 0, 6: 0, 7: 2, 8: 0}
+
+    def varint(at: int) -> tuple[int, int]:
+        n = shift = 0
+        while True:
+            if at >= len(payload):
+                raise ValueError("truncated varint")
+            byte = payload[at]
+            n |= (byte & 0x7F) << shift
+            at, shift = at + 1, shift + 7
+            if not byte & 0x80:
+                return n, at
+
+    fields: dict[int, list] = {}
+    at = 0
+    while at < len(payload):
+        tag, at = varint(at)
+        number, wire = tag >> 3, tag & 7
+        if wire_types.get(number) != wire:
+            raise ValueError(f"field {number}: wire type {wire}")
+        if wire == 0:
+            value, at = varint(at)
+        else:
+            size, at = varint(at)
+            if at + size > len(payload):
+                raise ValueError("truncated bytes")
+            value, at = payload[at:at + size], at + size
+        fields.setdefault(number, []).append(value)
+    return fields
+
+
+def _decodes(record, ids: dict[str, int], avro) -> bool:
+    """Whether a registry kind's value is its topic's schema id and a payload that decodes entirely."""
+    import io
+
+    import fastavro
+
+    value = record.value
+    if value[:1] != b"\x00" or len(value) < 5 or int.from_bytes(value[1:5], "big") != ids[record.topic]:
+        return False
+    try:
+        if record.kind == "avro_orders":
+            body = io.BytesIO(value[5:])
+            decoded = fastavro.schemaless_reader(body, avro, None)
+            return body.read() == b"" and decoded["created_at"] is not None
+        if value[5:6] != b"\x00":  # message indexes: [0]
+            return False
+        return bool(_protobuf_fields(value[6:])[8])
+    except (ValueError, EOFError, IndexError, StopIteration):
+        return False
+
+
+def test_registry_kinds_frame_their_values_and_every_defect_breaks_them() -> None:
+    """orders.avro and payments.proto: valid values are the registered schema's encoding framed with its id (Avro
+    read back with fastavro, Protobuf with a strict wire reader); each defect breaks the value the way its name
+    says; a registry kind without a registered id is refused at the start."""
+    import fastavro
+
+    from kdq.traffic import AVRO_ORDER_SCHEMA, UNKNOWN_SCHEMA_ID_BASE, RegistryKind
+
+    topics = (("orders.avro", "avro_orders"), ("payments.proto", "protobuf_payments"))
+    ids = {"orders.avro": 7, "payments.proto": 8}
+    with pytest.raises(ValueError, match="'orders.avro': kind 'avro_orders' is written through the Schema Registry"):
+        TrafficGenerator(spec(topics=topics))
+    generator = TrafficGenerator(spec(topics=topics, invalid_ratio=0.5, late=0, out_of_order=0), schema_ids=ids)
+    avro = fastavro.parse_schema(json.loads(json.dumps(AVRO_ORDER_SCHEMA)))
+    seen: set[tuple[str, str | None]] = set()
+    for record in generator.records(3000, NOW):
+        value = record.value
+        seen.add((record.kind, record.defect))
+        framed = value[:1] == b"\x00" and len(value) >= 5
+        schema_id = int.from_bytes(value[1:5], "big") if framed else None
+
+        assert _decodes(record, ids, avro) == record.valid, (record.kind, record.defect, value)
+        if record.defect == "unknown_schema_id":
+            assert schema_id >= UNKNOWN_SCHEMA_ID_BASE
+        if record.defect == "no_magic_byte":
+            assert not framed
+    for kind in ("avro_orders", "protobuf_payments"):
+        assert isinstance(KINDS[kind], RegistryKind)
+        assert {d for k, d in seen if k == kind} == {None, *KINDS[kind].all_defects()}, kind
