@@ -63,7 +63,7 @@ bench-quick: setup
 
 ## bench-avro: issue 28's Avro variant: the orders workload once as JSON (the orders rule) and once as ≈ 1 KB Avro in
 ## Confluent's wire format through the Schema Registry the harness starts (a registry = true rule), catch-up only,
-## compared in the same run (~8 min at the default size). Results in benchmarks/results/avro.{json,md,png}.
+## compared in the same run (~4 min at the default size, quiet). Results in benchmarks/results/avro.{json,md,png}.
 ## Smaller: make bench-avro BENCH_AVRO="--quick"
 .PHONY: bench-avro
 BENCH_AVRO ?=

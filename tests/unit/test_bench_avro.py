@@ -268,9 +268,13 @@ def test_the_report_shows_avro_beside_json() -> None:
     assert "| classify (+ archive) per steady batch, ms | 3,500 | 2,500 |" in section
     assert "Avro ÷ JSON: **0.950×** (target ≥ 1.00×: **not met**)." in section
     assert any(line.endswith("each Avro kind's reason in the archive = the kinds produced: True.") for line in lines)
-    # one micro-batch per run (a --quick run): said to be a smoke check
+    assert "smoke check" not in markdown(result) and "No steady figure" not in markdown(result)
+    # one micro-batch per run: no steady figure; a --quick run's (50,000 messages): a smoke check
     for run in result["runs"]:
         run["catch_up"]["steady_msgs_per_s"] = None
+    assert "smoke check" not in markdown(result) and "No steady figure: a run of one micro-batch" in markdown(result)
+    for run in result["runs"]:
+        run["catch_up"]["messages"] = 50_000
     assert "a smoke check, not a comparison" in markdown(result)
     assert any(line.startswith("Workload: 1,000,000 messages of ≈ 1,024 B Avro,") for line in lines)
     assert any("fastavro" in line for line in lines if line.startswith("| plain consumer"))
