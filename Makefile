@@ -61,6 +61,15 @@ bench: setup
 bench-quick: setup
 	@$(PY) -m benchmarks --quick
 
+## bench-avro: issue 28's Avro variant: the orders workload once as JSON (the orders rule) and once as ≈ 1 KB Avro in
+## Confluent's wire format through the Schema Registry the harness starts (a registry = true rule), catch-up only,
+## compared in the same run (~4 min at the default size, quiet). Results in benchmarks/results/avro.{json,md,png}.
+## Smaller: make bench-avro BENCH_AVRO="--quick"
+.PHONY: bench-avro
+BENCH_AVRO ?=
+bench-avro: setup
+	@$(PY) -m benchmarks --rule-variants avro --phases throughput --no-kstreams --name avro $(BENCH_AVRO)
+
 ## bench-cluster: the speed layer of `make bench` (same workload) on the cluster shape (`kdq up --cluster`: 3 Kafka
 ## brokers at RF 3, the stream submitted to a Spark standalone master with two 1-core workers) beside local[2], one
 ## shape after the other; not part of `make bench`. Results in benchmarks/results/cluster.{json,md}; a quiet machine only.

@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks                 # default size (~1M x 1 KB messages; see --help)
     .venv/bin/python -m benchmarks --quick         # smoke check, 3-4 minutes on a quiet machine
     .venv/bin/python -m benchmarks --messages 2000000 --topics 8 --no-save
+    .venv/bin/python -m benchmarks --rule-variants avro --phases throughput --name avro   # make bench-avro
 
 Starts its own local stack (Kafka KRaft broker + InfluxDB) on free ports with
 a temporary data folder, pre-loads the workload into Kafka, verifies it, then:
@@ -13,7 +14,10 @@ a temporary data folder, pre-loads the workload into Kafka, verifies it, then:
 3. the same stream fed at a fixed rate: end-to-end latency produce → Delta;
 4. batch layer: hourly recompute with fixed late data over a growing archive.
 
-Writes benchmarks/results/latest.{json,md,png} (unless --no-save) and prints the table.
+With the ``avro`` rule variant the stack also starts the Schema Registry (Apicurio) and the same orders run once
+more as Avro in Confluent's wire format, judged by a ``registry = true`` rule, beside the JSON orders rule.
+
+Writes benchmarks/results/latest.{json,md,png} (unless --no-save; --name for another stem) and prints the table.
 """
 
 from __future__ import annotations
@@ -74,7 +78,9 @@ def parse_args(argv) -> argparse.Namespace:
         "written with $ref + oneOf + format, benchmarks/rules/orders_refs.schema.json), many (1,000 topic rules, "
         "each topic its own copy of the orders schema), summaries (the orders rule plus two streaming summaries), "
         "topics1000 (the orders rule, the same messages and bytes over --active-topics topics of 1 partition, with a "
-        "latency phase at 5,000 msgs/s over as many topics); empty for none",
+        "latency phase at 5,000 msgs/s over as many topics), avro (not by default: the orders workload as ≈ 1 KB Avro "
+        "in Confluent's wire format through the Schema Registry the stack then starts, a registry = true rule, "
+        "compared with the orders rule's run); empty for none",
     )
     p.add_argument(
         "--active-topics", type=int, default=ACTIVE_TOPICS,
@@ -118,6 +124,7 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, help="default: a new temporary folder, removed at the end")
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, tables, event logs)")
     p.add_argument("--output", type=Path, default=RESULTS, help="where latest.{json,md,png} go")
+    p.add_argument("--name", default="latest", help="file name stem of the results (make bench-avro: avro)")
     p.add_argument("--no-save", action="store_true", help="print only")
     p.add_argument("--note", default="", help="free text stored with the result")
     args = p.parse_args(argv)
@@ -165,6 +172,8 @@ RULE_VARIANTS = {
         "t", PROJECT / "config" / "rules" / workload.ORDERS_SCHEMA_FILE,
         "the `orders` rule over 1,000 active topics of 1 partition (same messages and bytes)",
     ),
+    # The rule file is the schema registered under each topic's subject (the rules folder has none: registry = true).
+    "avro": ("a", workload.AVRO_SCHEMA, "the orders as Avro through the Schema Registry (`registry = true`)"),
 }
 # The topics1000 variant: every one of ACTIVE_TOPICS topics receives records (what a real cluster looks like),
 # so each micro-batch's MERGE touches thousands of windows; the same total messages and bytes as the main run,
@@ -227,6 +236,10 @@ def write_rules(folder: Path, schema: bool, rule: str = "orders", topics: list[s
         names = list(topics) + [f"bench-other-{i:04d}" for i in range(MANY_RULES - len(topics))]
         for name in names:
             (folder / f"{name}.schema.json").write_text(json.dumps({**base, "title": f"orders of {name}"}))
+        return folder
+    if rule == "avro":
+        # Judged by the schema each message's header names, which must be a version of <topic>-value.
+        (folder / "topics.toml").write_text("[[topic]]\nmatch = 're:bench-.*'\nregistry = true\n")
         return folder
     shutil.copy(source, folder / source.name)
     (folder / "topics.toml").write_text(f"[[topic]]\nmatch = 're:bench-.*'\nschema = \"{source.name}\"\n")
@@ -318,6 +331,17 @@ def speed_phase(
     args, work: Path, stack, label: str, schema: bool, latency: bool, own: ProcessSampler, rule: str = "orders"
 ) -> dict:
     """Backlog → baselines → stream catch-up (→ fixed-rate latency) for one topic set; the stream is stopped at the end."""
+    topics = [f"bench-{label}-{i}" for i in range(args.topics)]
+    lat_topics = {r: [f"bench-{label}-lat{r}-{i}" for i in range(args.topics)] for r in args.latency_rate} if latency else {}
+    avro = schema and rule == "avro"
+    registry = None
+    if avro:
+        # The orders' schema under every topic's subject (the ids the messages are framed with), and one schema of
+        # another subject (the other_subject kind).
+        registry = workload.register_avro(stack.registry.url, topics + [t for ts in lat_topics.values() for t in ts],
+                                          f"bench-{label}-refunds-value")
+        log.info("[%s] Avro schema registered: ids %s, other subject's %d", label, sorted(set(registry["ids"].values())),
+                 registry["other_id"])
     w = workload.Workload(
         messages=args.messages,
         topics=args.topics,
@@ -328,10 +352,9 @@ def speed_phase(
         late=args.late,
         schema=schema,
         event_rate=args.event_rate,
+        **({"encoding": "avro", "registry": registry} if avro else {}),
     )
     bootstrap = stack.kafka.bootstrap
-    topics = [f"bench-{label}-{i}" for i in range(args.topics)]
-    lat_topics = {r: [f"bench-{label}-lat{r}-{i}" for i in range(args.topics)] for r in args.latency_rate} if latency else {}
     created = time.monotonic()
     create_topics(stack.kafka, topics + [t for ts in lat_topics.values() for t in ts], args.partitions)
     log.info("[%s] %d topics created in %.1f s", label, len(topics) + sum(map(len, lat_topics.values())), time.monotonic() - created)
@@ -342,10 +365,20 @@ def speed_phase(
     workload.verify_complete(bootstrap, topics, w.messages)
     ends = workload.end_offsets(bootstrap, topics)
     expected = workload.totals(produced["kinds"], schema)
-    result["produce"] = {"seconds": round(produced["seconds"], 1), "msgs_per_s": round(w.messages / produced["seconds"]), "expected": expected}
+    by_kind: Counter = Counter()
+    for (_, kind), n in produced["kinds"].items():
+        by_kind[kind] += n
+    result["produce"] = {"seconds": round(produced["seconds"], 1), "msgs_per_s": round(w.messages / produced["seconds"]),
+                         "expected": expected, "kinds": dict(sorted(by_kind.items()))}
     log.info("[%s] produced in %.1f s (%s), verified complete", label, produced["seconds"], expected)
 
     schema_path = str(RULE_VARIANTS[rule][1]) if schema else None
+    if avro:
+        # The plain consumer's Avro check: the writer's schema and each topic's id (benchmarks.baselines.avro_validator).
+        spec = work / label / "plain_avro.json"
+        spec.parent.mkdir(parents=True, exist_ok=True)
+        spec.write_text(json.dumps({"avro_schema": workload.avro_schema(), "ids": registry["ids"]}))
+        schema_path = str(spec)
     result["baselines"] = []
     for kind in ("raw", "plain"):
         for n in args.baseline_processes:
@@ -382,6 +415,7 @@ def speed_phase(
         spark=overrides_spark,
         stream=dict(kv.split("=", 1) for kv in args.stream_setting),  # validated (and typed) by the config
         influxdb={"url": stack.influx.url},
+        **({"registry": {"url": stack.registry.url}} if avro else {}),
     )
     if rule == "summaries":
         config = config.with_summaries(bench_summaries(label))
@@ -522,6 +556,13 @@ def analyse(spark, run: dict) -> None:
     t["archive_matches_expected"] = t["archive"]["valid"] == exp["valid"] and t["archive"]["invalid"] == exp["invalid"]
     t["exactly_once"] = t["archive"]["rows"] == run["workload"]["messages"]
     t["counted_matches"] = sum(t["window_counts"].values()) == t["archive"]["rows"] - t["archive"]["late_uncounted"]
+    if run["workload"].get("encoding") == "avro":
+        # Each Avro kind's reason (benchmarks.workload.AVRO_REASONS) in the raw archive, against the kinds produced.
+        got: Counter = Counter()
+        for r in archive.where(F.col("topic").isin(topics)).groupBy("reason").count().collect():
+            got[workload.avro_kind_of(r["reason"])] += r["count"]
+        t["reasons"] = dict(sorted(got.items()))
+        t["reasons_match_expected"] = got == Counter(run["produce"]["kinds"])
     run["checks"] = t
     if not run.get("latency_phases"):
         return
@@ -567,7 +608,8 @@ def main(argv=None) -> int:
     from kdq.stack.manager import LocalStack
 
     stack_config = make_config(work / "stack", PROJECT / "config" / "rules")
-    stack = LocalStack(stack_config)
+    # The Schema Registry only for the avro variant (an Apicurio JVM, ≈ 250 MB, on the shared cores otherwise).
+    stack = LocalStack(stack_config, with_registry=bool(args.phases & {"throughput", "latency"}) and "avro" in args.rule_variants)
     own = ProcessSampler(os.getpid())
     result: dict = {
         "command": shlex.join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)]),
@@ -603,6 +645,9 @@ def main(argv=None) -> int:
             spark = build_session(make_config(work / "analysis", PROJECT / "config" / "rules"), app_name="kdq-bench")
         for run in result["runs"]:
             analyse(spark, run)
+        comparison = report.avro_comparison(result)
+        if comparison:
+            result["avro_vs_json"] = comparison
         if "batch" in args.phases:
             from benchmarks import batch
 
@@ -623,13 +668,13 @@ def main(argv=None) -> int:
     if not args.no_save:
         # The figures first: a report that fails to render must not lose a run.
         args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "latest.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        (args.output / f"{args.name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     md = report.markdown(result)
     print(md)
     if not args.no_save:
-        (args.output / "latest.md").write_text(md)
-        report.plot(result, args.output / "latest.png")
-        print(f"written: {args.output}/latest.json, latest.md, latest.png")
+        (args.output / f"{args.name}.md").write_text(md)
+        report.plot(result, args.output / f"{args.name}.png")
+        print(f"written: {args.output}/{args.name}.json, {args.name}.md, {args.name}.png")
     if args.keep or args.work_dir:
         print(f"work dir kept: {work}")
     return 0

@@ -46,6 +46,10 @@ def write_config(config: Config, path: Path) -> Config:
             if name == "paths" and isinstance(value, Path):  # folders; not paths.storage_uri (a URI or empty)
                 value = str(config.path(value))
             lines.append(f"{key} = {_toml_value(value)}")
+    registry = config.registry.model_dump(exclude_defaults=True)
+    if registry:  # the avro variant's registry.url (the stack's registry: the stream's data folder records none)
+        lines.append("[registry]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in registry.items()]
     for summary in config.summaries:
         lines.append("[[summaries]]")
         for key, value in summary.model_dump(exclude_none=True).items():

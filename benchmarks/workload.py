@@ -1,5 +1,6 @@
 """The benchmark workload: order-like JSON messages of a given size, with invalid, out-of-order and late ones,
-produced fast into real Kafka topics and checked complete before anything is timed.
+produced fast into real Kafka topics and checked complete before anything is timed. The same orders as Avro in
+Confluent's wire format (``Workload.encoding == "avro"``, :class:`AvroGenerator`) for registry-backed rules.
 
 Messages are made from a few hundred JSON templates with unique fields filled
 in per message (order id, amount, customer id), so every value differs (no
@@ -11,18 +12,47 @@ event time (kdq's default event-time source).
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing as mp
 import random
+import struct
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 # Kinds of message and what kdq (with the orders schema) says about them.
 VALID = "valid"
 SCHEMA_KINDS = ("neg_amount", "bad_currency", "no_customer", "zero_qty", "empty_id")
 INVALID_KINDS = (*SCHEMA_KINDS, "not_json", "not_utf8")
 ORDERS_SCHEMA_FILE = "orders.schema.json"
+# The Avro variant (registry = true): every kind is a payload the registry's schema cannot decode or a framing
+# error, so all are invalid. Avro states types, not values: the JSON kinds that break a value's constraint
+# (neg_amount, zero_qty, empty_id) have no Avro counterpart.
+AVRO_INVALID_KINDS = (
+    "truncated",  # the valid payload less its last 7 bytes: avro:/lines/...
+    "bad_enum",  # currency written as symbol index 3 of 3: avro:/currency
+    "trailing_bytes",  # the valid payload and one byte more: avro:$trailing_bytes
+    "no_magic_byte",  # the order as JSON (a JSON producer on the Avro topic): no_magic_byte
+    "unknown_schema_id",  # framed with an id the registry does not have: unknown_schema_id
+    "other_subject",  # framed with the id of another subject's schema: schema_not_for_subject
+)
+# What kdq's registry-backed rule says about each kind (config/rules/README.md's reasons); a value ending in "/" is a
+# prefix (the pointer names the line the truncated payload ends in).
+AVRO_REASONS = {
+    "truncated": "avro:/lines/",
+    "bad_enum": "avro:/currency",
+    "trailing_bytes": "avro:$trailing_bytes",
+    "no_magic_byte": "no_magic_byte",
+    "unknown_schema_id": "unknown_schema_id",
+    "other_subject": "schema_not_for_subject",
+}
+AVRO_SCHEMA = Path(__file__).resolve().parent / "rules" / "orders.avsc"
+# The schema of the other subject (other_subject kind): registered, but not a version of any bench topic's subject.
+OTHER_AVRO = {"type": "record", "name": "Refund", "namespace": "io.kdq.bench",
+              "fields": [{"name": "refund_id", "type": "string"}, {"name": "cents", "type": "long"}]}
+ENCODINGS = ("json", "avro")
 
 
 @dataclass(frozen=True)
@@ -38,6 +68,12 @@ class Workload:
     event_rate: int = 50_000  # msgs/s of event time the backlog represents
     allowed_lateness_s: int = 60
     seed: int = 7
+    encoding: str = "json"  # "avro": Confluent's wire format, framed with the ids in ``registry``
+    # avro: {"ids": {topic: schema id}, "other_id": id of another subject's schema, "unknown_id": an id not registered}
+    registry: dict | None = None
+
+    def invalid_kinds(self) -> tuple[str, ...]:
+        return AVRO_INVALID_KINDS if self.encoding == "avro" else INVALID_KINDS
 
     def describe(self) -> dict:
         return asdict(self)
@@ -50,6 +86,15 @@ def expected_valid(kind: str, schema: bool) -> bool:
     if kind in SCHEMA_KINDS:
         return not schema
     return False
+
+
+def _line(rng: random.Random) -> dict:
+    return {
+        "sku": f"SKU-{rng.randrange(10**8):08d}",
+        "qty": rng.randrange(1, 9),
+        "price": round(rng.uniform(1, 500), 2),
+        "note": "gift wrap" if rng.random() < 0.3 else "",
+    }
 
 
 def _order(rng: random.Random, size: int) -> dict:
@@ -68,14 +113,7 @@ def _order(rng: random.Random, size: int) -> dict:
         "lines": lines,
     }
     while len(json.dumps(doc, separators=(",", ":"))) < size - 35:
-        lines.append(
-            {
-                "sku": f"SKU-{rng.randrange(10**8):08d}",
-                "qty": rng.randrange(1, 9),
-                "price": round(rng.uniform(1, 500), 2),
-                "note": "gift wrap" if rng.random() < 0.3 else "",
-            }
-        )
+        lines.append(_line(rng))
     return doc
 
 
@@ -115,7 +153,8 @@ class Generator:
         for kind in SCHEMA_KINDS:
             self.templates[kind] = [_broken(kind, d) for d in docs[:8]]
 
-    def value(self, kind: str, seq: int) -> bytes:
+    def value(self, kind: str, seq: int, topic: str | None = None) -> bytes:
+        """``topic``: unused (the Avro generator's framing depends on it)."""
         if kind == "not_json":
             return self.value(VALID, seq)[:-7]
         if kind == "not_utf8":
@@ -125,10 +164,126 @@ class Generator:
         return tpls[seq % len(tpls)] % {b"o": seq, b"a": seq % 1000, b"c": seq % 100, b"u": seq // 7}
 
 
-def choose_kind(rng: random.Random, invalid_ratio: float) -> str:
+def zigzag_varint(n: int) -> bytes:
+    """Avro's encoding of an int or long (zig-zag, then a little-endian base-128 varint)."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _avro_str(text: str) -> bytes:
+    data = text.encode()
+    return zigzag_varint(len(data)) + data
+
+
+def wire_header(schema_id: int) -> bytes:
+    """Confluent's wire format: magic byte 0, then the schema id as a 4-byte big-endian integer."""
+    return b"\x00" + struct.pack(">I", schema_id)
+
+
+def avro_schema() -> dict:
+    return json.loads(AVRO_SCHEMA.read_text())
+
+
+class AvroGenerator:
+    """The orders of :class:`Generator` as Avro (``benchmarks/rules/orders.avsc``), ≈ ``message_bytes`` each with its
+    wire header (an Avro order carries no field names, so it holds more lines than a JSON one of the same size).
+
+    Each template is encoded once (fastavro) with empty order and customer ids; a message is the topic's header, the
+    order id, the amount, the template's bytes up to the customer id, the customer id and the template's rest, so
+    every value differs as in the JSON workload, at about a microsecond each. ``registry``: :attr:`Workload.registry`.
+    """
+
+    def __init__(self, message_bytes: int, seed: int, registry: dict, templates: int = 64) -> None:
+        import fastavro
+
+        parsed = fastavro.parse_schema(avro_schema())
+        rng = random.Random(seed)
+        self.headers = {topic: wire_header(i) for topic, i in registry["ids"].items()}
+        self.unknown_header = wire_header(registry["unknown_id"])
+        self.other_header = wire_header(registry["other_id"])
+        self.parts: list[tuple[bytes, bytes]] = []  # (currency enum, everything after the customer id)
+        for _ in range(templates):
+            doc = _order(rng, message_bytes)
+            doc.update(order_id="", amount=0.0)
+            doc["customer"]["id"] = ""
+            while True:
+                out = io.BytesIO()
+                fastavro.schemaless_writer(out, parsed, doc)
+                encoded = out.getvalue()
+                # header 5 + order id ~12 + customer id ~10: at least message_bytes - 10 in all
+                if len(encoded) >= message_bytes - 35:
+                    break
+                doc["lines"].append(_line(rng))
+            # "" (1 byte), the double (8), the currency's index (1 byte: 3 symbols), "" (1 byte), then the rest.
+            assert encoded[0] == 0 and encoded[10] == 0 and encoded[9] in (0, 2, 4), encoded[:11]
+            self.parts.append((encoded[9:10], encoded[11:]))
+        self.json = Generator(message_bytes, seed)  # the no_magic_byte kind: the same order, as JSON
+
+    def payload(self, seq: int, currency: bytes | None = None) -> bytes:
+        """The Avro body (no header) of order ``seq``; ``currency``: its encoded enum index instead of the template's."""
+        enum, rest = self.parts[seq % len(self.parts)]
+        amount = seq % 1000 + (seq % 100) / 100
+        return (_avro_str(f"o-{seq}") + struct.pack("<d", amount) + (currency or enum)
+                + _avro_str(f"c-{seq // 7}") + rest)
+
+    def value(self, kind: str, seq: int, topic: str) -> bytes:
+        if kind == VALID:
+            return self.headers[topic] + self.payload(seq)
+        if kind == "truncated":
+            return (self.headers[topic] + self.payload(seq))[:-7]
+        if kind == "bad_enum":
+            return self.headers[topic] + self.payload(seq, currency=zigzag_varint(3))
+        if kind == "trailing_bytes":
+            return self.headers[topic] + self.payload(seq) + b"\x00"
+        if kind == "no_magic_byte":
+            return self.json.value(VALID, seq)
+        if kind == "unknown_schema_id":
+            return self.unknown_header + self.payload(seq)
+        if kind == "other_subject":
+            return self.other_header + self.payload(seq)
+        raise ValueError(f"unknown kind {kind!r}")
+
+
+def avro_kind_of(reason: str | None) -> str:
+    """The Avro kind a reason of kdq's stands for (:data:`AVRO_REASONS`; VALID for none); an unexpected reason as is."""
+    if reason is None:
+        return VALID
+    for kind, expected in AVRO_REASONS.items():
+        if reason == expected or (expected.endswith("/") and reason.startswith(expected)):
+            return kind
+    return reason
+
+
+def generator(w: Workload) -> Generator | AvroGenerator:
+    """The workload's message generator: ``gen.value(kind, seq, topic)``."""
+    if w.encoding == "avro":
+        return AvroGenerator(w.message_bytes, w.seed, w.registry or {})
+    return Generator(w.message_bytes, w.seed)
+
+
+def register_avro(registry_url: str, topics: list[str], other_subject: str) -> dict:
+    """Register the orders' Avro schema under each topic's subject (``<topic>-value``, the topic-name strategy) and
+    :data:`OTHER_AVRO` under ``other_subject``; returns :attr:`Workload.registry` (with an id the registry lacks)."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    client = SchemaRegistryClient({"url": registry_url})
+    orders = Schema(AVRO_SCHEMA.read_text(), "AVRO")
+    ids = {topic: client.register_schema(f"{topic}-value", orders) for topic in topics}
+    other = client.register_schema(other_subject, Schema(json.dumps(OTHER_AVRO), "AVRO"))
+    if other in ids.values():
+        raise RuntimeError(f"the registry gave the other subject's schema the orders' id {other}")
+    return {"ids": ids, "other_id": other, "unknown_id": max([other, *ids.values()]) + 1_000_000}
+
+
+def choose_kind(rng: random.Random, invalid_ratio: float, kinds: tuple[str, ...] = INVALID_KINDS) -> str:
     if rng.random() >= invalid_ratio:
         return VALID
-    return rng.choice(INVALID_KINDS)
+    return rng.choice(kinds)
 
 
 def event_offset_ms(rng: random.Random, out_of_order: float, late: float, allowed_lateness_s: int) -> int:
@@ -162,15 +317,17 @@ def _produce_slice(bootstrap: str, topics: list[str], w: Workload, worker: int, 
     from confluent_kafka import Producer
 
     producer = Producer(producer_conf(bootstrap))
-    gen = Generator(w.message_bytes, w.seed)
+    gen = generator(w)
+    invalid_kinds = w.invalid_kinds()
     rng = random.Random(w.seed * 1000 + worker)
     kinds: Counter = Counter()
     late: Counter = Counter()  # shifted back beyond the allowed lateness, by (topic, kind)
     step = 1000.0 / w.event_rate
     key = str(int(time.time() * 1000)).encode()
     for i in range(worker, w.messages, workers):
-        kind = choose_kind(rng, w.invalid_ratio)
-        kinds[(topics[i % len(topics)], kind)] += 1
+        kind = choose_kind(rng, w.invalid_ratio, invalid_kinds)
+        topic = topics[i % len(topics)]
+        kinds[(topic, kind)] += 1
         shift = event_offset_ms(rng, w.out_of_order, w.late, w.allowed_lateness_s)
         if shift > w.allowed_lateness_s * 1000:
             late[(topics[i % len(topics)], kind)] += 1
@@ -180,8 +337,8 @@ def _produce_slice(bootstrap: str, topics: list[str], w: Workload, worker: int, 
         while True:
             try:
                 producer.produce(
-                    topics[i % len(topics)],
-                    value=gen.value(kind, i),
+                    topic,
+                    value=gen.value(kind, i, topic),
                     key=key,
                     partition=(i // len(topics)) % w.partitions,
                     timestamp=ts,
@@ -280,7 +437,8 @@ def _produce_at_rate(bootstrap: str, topics: list[str], w: Workload, msgs_per_s:
     conf = producer_conf(bootstrap)
     conf["linger.ms"] = 5  # latency phase: do not hold records back
     producer = Producer(conf)
-    gen = Generator(w.message_bytes, w.seed)
+    gen = generator(w)
+    invalid_kinds = w.invalid_kinds()
     rng = random.Random(seed)
     kinds: Counter = Counter()
     started = time.time()
@@ -295,14 +453,14 @@ def _produce_at_rate(bootstrap: str, topics: list[str], w: Workload, msgs_per_s:
         now_ms = int(now * 1000)
         key = str(now_ms).encode()
         for _ in range(due):
-            kind = choose_kind(rng, w.invalid_ratio)
+            kind = choose_kind(rng, w.invalid_ratio, invalid_kinds)
             i = sent
             topic = topics[i % len(topics)]
             kinds[(topic, kind)] += 1
             ts = now_ms - event_offset_ms(rng, w.out_of_order, w.late, w.allowed_lateness_s)
             while True:
                 try:
-                    producer.produce(topic, value=gen.value(kind, seq + i), key=key, partition=(i // len(topics)) % w.partitions, timestamp=ts)
+                    producer.produce(topic, value=gen.value(kind, seq + i, topic), key=key, partition=(i // len(topics)) % w.partitions, timestamp=ts)
                     break
                 except BufferError:
                     producer.poll(0.01)
