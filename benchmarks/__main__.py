@@ -73,12 +73,12 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--event-rate", type=int, default=50_000, help="msgs/s of event time the backlog spans")
     p.add_argument("--schema", choices=("on", "off", "both"), default="on", help="orders JSON Schema rule on the topics")
     p.add_argument(
-        "--rule-variants", default="refs,many,summaries,topics1000",
+        "--rule-variants", default="refs,many,summaries,topics1000,avro",
         help="extra catch-up runs (no latency phase) with other rule sets, comma-separated: refs (the orders rule "
         "written with $ref + oneOf + format, benchmarks/rules/orders_refs.schema.json), many (1,000 topic rules, "
         "each topic its own copy of the orders schema), summaries (the orders rule plus two streaming summaries), "
         "topics1000 (the orders rule, the same messages and bytes over --active-topics topics of 1 partition, with a "
-        "latency phase at 5,000 msgs/s over as many topics), avro (not by default: the orders workload as ≈ 1 KB Avro "
+        "latency phase at 5,000 msgs/s over as many topics), avro (the orders workload as ≈ 1 KB Avro "
         "in Confluent's wire format through the Schema Registry the stack then starts, a registry = true rule, "
         "compared with the orders rule's run); empty for none",
     )

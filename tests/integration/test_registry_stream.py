@@ -332,3 +332,45 @@ def test_the_demos_avro_and_protobuf_topics_are_counted_as_produced(spark, local
         assert produced.get("invalid", 0) > 20  # every kind of defect, about 30 % of the topic
         reasons = {reason for (_, reason) in reason_counts(spark, config, topic)}
         assert {"no_magic_byte", "unknown_schema_id"} <= reasons and "internal_error" not in " ".join(reasons), reasons
+
+
+def test_streaming_summaries_read_the_decoded_avro_records(spark, local_stack, schema_registry: LocalRegistry,
+                                                           registry_jvm, tmp_path) -> None:
+    """A streaming summary on a registry-backed topic takes its value (a double) and its group (an enum) from the
+    record the registry's schema decodes: counts, min and max per group as produced."""
+    from kdq.traffic import AvroOrdersKind, frame
+    from tests.integration.helpers import summary_rows
+
+    prefix = f"rs{tmp_path.name[-6:].replace('_', '')}"
+    topic = f"{prefix}-orders"
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "topics.toml").write_text(f'[[topic]]\nmatch = "{topic}"\nregistry = true\n')
+    config = isolated_config(local_stack, tmp_path / "data", prefix, paths={"rules_dir": str(tmp_path / "rules")},
+                             registry={"url": schema_registry.url}).with_summaries(
+        [{"name": "amount", "topic": topic, "value": "amount", "group_by": ["currency"], "window_seconds": 600,
+          "allowed_lateness_seconds": 600, "significant_digits": 3, "percentiles": [50]}]
+    )
+    registry_jvm(config)
+    local_stack.kafka.create_topic(topic, partitions=2)
+    kind = AvroOrdersKind()
+    schema_id = SchemaRegistryClient(config.registry_client_conf()).register_schema(
+        f"{topic}-value", Schema(kind.schema_text, "AVRO"))
+    ts = W0 + 400
+    amounts: dict[str, list[float]] = {"EUR": [], "USD": []}
+    records = []
+    for i in range(40):
+        currency = "EUR" if i % 3 else "USD"
+        amount = round(1.5 + i * 2.25, 2)
+        amounts[currency].append(amount)
+        document = {"order_id": f"o-{i}", "amount": amount, "currency": currency,
+                    "customer": {"id": "c-1", "email": None}, "lines": [{"sku": "s", "qty": 1}], "created_at": ts}
+        records.append((i % 2, frame(schema_id, kind.payload(document)), ts))
+    produce(config.kafka_bootstrap(), topic, records)
+    run_available_now(SpeedLayer(spark, config, load_rules(config.rules_dir)))
+
+    window = ts // 600_000 * 600_000
+    rows = summary_rows(spark, config, "amount")
+    for currency, values in amounts.items():
+        row = rows[("amount", topic, window, json.dumps({"currency": currency}, separators=(",", ":")))]
+        assert (row["count"], row["min"], row["max"]) == (len(values), min(values), max(values)), row
+    assert len(rows) == 2

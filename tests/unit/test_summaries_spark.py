@@ -48,7 +48,7 @@ def test_jvm_buckets_equal_python(spark) -> None:
     summaries = [SummaryConfig(name=f"s{i}", topic="t", value="v", **p) for i, p in enumerate(PRECISIONS)]
     values = _edge_values()
     docs = spark.createDataFrame([(i, json.dumps({"v": x}).encode()) for i, x in enumerate(values)], "i INT, value BINARY")
-    got = docs.select("i", ss.summary_fields(spark, summaries)(F.col("value")).alias("f")).collect()
+    got = docs.select("i", ss.summary_fields(spark, summaries)(F.lit("t"), F.col("value")).alias("f")).collect()
     mismatches = []
     for row in got:
         x = values[row["i"]]
@@ -88,7 +88,7 @@ def test_jvm_fields_equal_spark_variant_reading(spark) -> None:
         F.when(numeric, F.try_variant_get(p, "$.a.v", "double")).alias("number"),
         F.array(*[F.try_variant_get(p, path, "string") for path in ("$.a.v", "$.b", "$.a")]).alias("groups"),
     )
-    jvm = df.select("i", ss.summary_fields(spark, [s])(F.col("text").cast("binary"))[0].alias("f"))
+    jvm = df.select("i", ss.summary_fields(spark, [s])(F.lit("t"), F.col("text").cast("binary"))[0].alias("f"))
     got = {r["i"]: r["f"] for r in jvm.collect()}
     differences = []
     for r in reference.collect():
@@ -226,3 +226,25 @@ def test_limits_fail_loudly(config) -> None:
     many = {("wait", "ops.a", W0, f"g{i}"): _entry("wait", W0, (f"e{i}", "db"), [1.0], wait) for i in range(3)}
     with pytest.raises(SummaryLimitError, match=r"3 groups .* exceed summaries\[0\]\.max_groups = 2"):
         ss.check_limits(small, many)
+
+
+def test_the_summary_function_knows_the_registry_topics_only_when_the_rules_have_some(spark, tmp_path) -> None:
+    """Without registry-backed rules the summaries' document (and function) stays what it was; with them, the
+    rules' topic matchers in precedence order go with it and the function takes the topic; a JSON topic's
+    values are read as before."""
+    from kdq.rules import load_rules
+    from kdq.spark.summaries.transforms import summary_fields_config
+
+    summaries = [SummaryConfig(name="s", topic="t", value="v", significant_digits=3)]
+    plain = summary_fields_config(summaries)
+    (tmp_path / "orders.schema.json").write_text("{}")
+    assert summary_fields_config(summaries, load_rules(tmp_path)) == plain
+    (tmp_path / "topics.toml").write_text('[[topic]]\nmatch = "t"\n[[topic]]\nmatch = "re:t.*"\nregistry = true\n')
+    rules = load_rules(tmp_path)
+    document = json.loads(summary_fields_config(summaries, rules))
+    assert document["rules"] == [{"match": "t", "is_pattern": False, "registry": False},
+                                 {"match": "t.*", "is_pattern": True, "registry": True},
+                                 {"match": "orders", "is_pattern": False, "registry": False}]
+    docs = spark.createDataFrame([("t", json.dumps({"v": 2.5}).encode())], "topic STRING, value BINARY")
+    got = docs.select(ss.summary_fields(spark, summaries, rules)(F.col("topic"), F.col("value"))[0]["x"]).first()[0]
+    assert got == 2.5

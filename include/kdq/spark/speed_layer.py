@@ -348,6 +348,7 @@ class SpeedLayer:
                 stream_summaries(
                     self.spark, self.config, classified, before, self.app_id, batch_id, ingest_ms,
                     report.input_rows_by_topic, self._producer, self.push_state.record_failure, replayed, lap,
+                    rules=self.rules,
                 )
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
 

@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config, SummaryConfig
+from kdq.rules import RuleSet, load_rules
 from kdq.spark.corrections import latest_attempt, record_then_apply
 from kdq.spark.summaries.outputs import publish
 from kdq.spark.summaries.store import check_limits, merge_absolute, read_states
@@ -125,11 +126,15 @@ def recompute_states(spark: SparkSession, config: Config, archive: DataFrame, wi
     summaries = [config.summary(name) for name in sorted({s for s, _, _ in windows})]
     topics = sorted({t for _, t, _ in windows})
     rows = archive.where(F.col("event_hour").isin(_window_hours(config, windows)) & F.col("topic").isin(topics))
-    return _states_of(spark, rows.select("topic", "window_start", "valid", "value"), summaries, windows)
+    return _states_of(spark, rows.select("topic", "window_start", "valid", "value"), summaries, windows,
+                      load_rules(config.rules_dir))
 
 
-def _states_of(spark: SparkSession, rows: DataFrame, summaries: Sequence[SummaryConfig], windows) -> dict[tuple, dict]:
-    values = summary_values(rows, summaries).join(
+def _states_of(
+    spark: SparkSession, rows: DataFrame, summaries: Sequence[SummaryConfig], windows, rules: RuleSet | None = None
+) -> dict[tuple, dict]:
+    """``rules``: the topics' rules (registry-backed topics' values are read from their decoded records)."""
+    values = summary_values(rows, summaries, rules=rules).join(
         F.broadcast(_wanted(spark, windows)), ["summary", "topic", "window_start_ms"], "left_semi"
     )
     return _collect_states(summary_states(values))
@@ -389,6 +394,6 @@ def rebuild_summaries(
     columns = ("topic", "window_start", "valid", "value")
     rows = reclassified.select(*columns).unionByName(outside.select(*columns))
     summaries = [config.summary(name) for name in sorted({s for s, _, _ in windows})]
-    new = _states_of(spark, rows, summaries, windows)
+    new = _states_of(spark, rows, summaries, windows, load_rules(config.rules_dir))
     changes = diff_states(windows, new, read_states(spark, config, windows))
     return apply_summary_corrections(spark, config, changes, run_id, (int(from_ms), int(to_ms)), "rebuild", app_id)

@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config
+from kdq.rules import RuleSet
 from kdq.spark.summaries.outputs import publish
 from kdq.spark.summaries.store import check_limits, merge_increments, read_states
 from kdq.spark.summaries.transforms import active_summaries, key_of, state_entry, summary_states, summary_values
@@ -77,8 +78,10 @@ def stream_summaries(
     on_influx_failure: Callable[[int, str], None] | None = None,
     replayed: bool = True,
     lap: Callable[[str], None] = lambda step: None,
+    rules: RuleSet | None = None,
 ) -> dict[str, int]:
     """One micro-batch of every summary on the batch's topics (see the module doc); returns counts for the report.
+    ``rules``: the stream's rules (registry-backed topics' values are read from their decoded records).
 
     ``watermarks`` are the per-topic maximum event times *before* the batch
     (the ledger's ``max_event_ms_before``), ``topics`` the batch's topics:
@@ -91,7 +94,7 @@ def stream_summaries(
     report = {"summary_groups": 0, "summary_late_rows": 0}
     if not summaries:
         return report
-    values = summary_values(classified.select("topic", "window_start", "valid", "value"), summaries, watermarks)
+    values = summary_values(classified.select("topic", "window_start", "valid", "value"), summaries, watermarks, rules)
     rows = [r.asDict() for r in summary_states(values).collect()]
     late = [r for r in rows if r["late"]]
     increments = [state_entry(r) for r in rows if not r["late"]]

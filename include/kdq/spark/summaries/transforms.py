@@ -23,6 +23,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config, SummaryConfig
+from kdq.rules import RuleSet
 from kdq.spark.classifier import MAX_NESTING_DEPTH
 from kdq.summaries import SummaryState, step_decimal
 
@@ -53,8 +54,10 @@ def topic_condition(topic: Column, summary: SummaryConfig) -> Column:
     return topic == F.lit(summary.topic)
 
 
-def summary_fields_config(summaries: Sequence[SummaryConfig]) -> str:
-    """The summaries as the JSON document ``io.kdq.spark.SummaryValues`` compiles (same summaries, same text)."""
+def summary_fields_config(summaries: Sequence[SummaryConfig], rules: RuleSet | None = None) -> str:
+    """The summaries as the JSON document ``io.kdq.spark.SummaryValues`` compiles (same summaries, same text);
+    with ``rules`` that have registry-backed topics, also their topic matchers in precedence order
+    (``io.kdq.spark.RegistrySummaryValues`` reads those topics from the decoded record)."""
     entries = []
     for s in summaries:
         mantissa, exponent = step_decimal(s.step) if s.step is not None else (None, None)
@@ -68,24 +71,35 @@ def summary_fields_config(summaries: Sequence[SummaryConfig]) -> str:
                 "step_exponent": exponent,
             }
         )
-    return json.dumps({"max_nesting_depth": MAX_NESTING_DEPTH, "summaries": entries}, separators=(",", ":"))
+    document: dict = {"max_nesting_depth": MAX_NESTING_DEPTH, "summaries": entries}
+    if rules is not None and any(r.registry for r in rules.rules):
+        document["rules"] = [{"match": r.match, "is_pattern": r.is_pattern, "registry": r.registry} for r in rules.rules]
+    return json.dumps(document, separators=(",", ":"))
 
 
-def summary_fields(spark: SparkSession, summaries: Sequence[SummaryConfig]) -> Callable[[Column], Column]:
-    """``f(value)`` → one struct per summary (x, bucket, reject, groups): the JVM function, registered once per session.
+def summary_fields(
+    spark: SparkSession, summaries: Sequence[SummaryConfig], rules: RuleSet | None = None
+) -> Callable[[Column, Column], Column]:
+    """``f(topic, value)`` → one struct per summary (x, bucket, reject, groups): the JVM function, registered once
+    per session.
 
     One streaming pass over the value's bytes in the JVM (``io.kdq.spark.SummaryValues``, in the
     classifier's module) instead of Spark's VARIANT parse and a SQL bucket expression per summary
-    (benchmarks/PERF_NOTES.md, "Issue 12, fifth pass").
+    (benchmarks/PERF_NOTES.md, "Issue 12, fifth pass"). When ``rules`` have registry-backed topics,
+    ``io.kdq.spark.RegistrySummaryValues``: those topics' values are read from the record the registry's
+    schema decodes (Avro, Protobuf, JSON Schema), the others as JSON.
     """
-    config_json = summary_fields_config(summaries)
+    config_json = summary_fields_config(summaries, rules)
     name = "kdq_summary_values_" + hashlib.sha256(config_json.encode("utf-8")).hexdigest()[:16]
+    by_topic = '"rules":' in config_json
     if not spark.catalog.functionExists(name):
         jvm = spark.sparkContext._jvm
-        jvm.io.kdq.spark.SummaryValues.check(config_json)
-        udf = jvm.io.kdq.spark.SummaryValues(config_json)
-        spark._jsparkSession.udf().register(name, udf, jvm.io.kdq.spark.SummaryValues.returnType())
-    return lambda value: F.call_function(name, value)
+        functions = jvm.io.kdq.spark.RegistrySummaryValues if by_topic else jvm.io.kdq.spark.SummaryValues
+        functions.check(config_json)
+        spark._jsparkSession.udf().register(name, functions(config_json), jvm.io.kdq.spark.SummaryValues.returnType())
+    if by_topic:
+        return lambda topic, value: F.call_function(name, topic, value)
+    return lambda topic, value: F.call_function(name, value)
 
 
 def _summary_entry(summary: SummaryConfig, index: int, watermarks: Mapping[str, int] | None) -> Column:
@@ -128,7 +142,10 @@ def _summary_entry(summary: SummaryConfig, index: int, watermarks: Mapping[str, 
 
 
 def summary_values(
-    rows: DataFrame, summaries: Sequence[SummaryConfig], watermarks: Mapping[str, int] | None = None
+    rows: DataFrame,
+    summaries: Sequence[SummaryConfig],
+    watermarks: Mapping[str, int] | None = None,
+    rules: RuleSet | None = None,
 ) -> DataFrame:
     """Classified rows → (summary, topic, window_start_ms, group_key, groups, x, bucket, reject, late).
 
@@ -137,7 +154,8 @@ def summary_values(
     Only valid records count: an invalid one is already counted as invalid in
     the window counts. The value is parsed once per record, whatever the
     number of summaries on its topic. ``watermarks`` (topic → max event time
-    before the batch, from the ledger) sets ``late``; without it nothing is late.
+    before the batch, from the ledger) sets ``late``; without it nothing is late. ``rules``: the topics'
+    rules, for registry-backed topics (see :func:`summary_fields`).
     """
     missing = [c for c in ("topic", "window_start", "valid", "value") if c not in rows.columns]
     if missing:
@@ -148,11 +166,11 @@ def summary_values(
     for summary in summaries:
         cond = topic_condition(F.col("topic"), summary)
         on_topic = cond if on_topic is None else on_topic | cond
-    fields = summary_fields(rows.sparkSession, summaries)
+    fields = summary_fields(rows.sparkSession, summaries, rules)
     parsed = rows.where(F.col("valid") & on_topic).select(
         "topic",
         F.unix_millis("window_start").alias("__window_ms"),
-        fields(F.col("value").cast("binary")).alias("__f"),
+        fields(F.col("topic"), F.col("value").cast("binary")).alias("__f"),
     )
     entries = F.array(*[_summary_entry(s, i, watermarks) for i, s in enumerate(summaries)])
     exploded = parsed.select("topic", F.explode(entries).alias("e")).where(F.col("e").isNotNull())

@@ -84,6 +84,11 @@ public class SummaryValues implements UDF1<byte[], List<Row>>, Serializable {
         return c.summaries.length + " summaries";
     }
 
+    /** The compiled configuration of {@code configJson} (compiled and cached now if it was not). */
+    static Compiled compiledFor(String configJson) {
+        return CACHE.computeIfAbsent(Classifier.sha256(configJson), k -> Compiled.parse(configJson));
+    }
+
     @Override
     public List<Row> call(byte[] value) {
         Compiled c = compiled;
@@ -126,6 +131,8 @@ public class SummaryValues implements UDF1<byte[], List<Row>>, Serializable {
         final Summary[] summaries;
         final Node root = new Node();
         final int slotCount;
+        /** Each slot's path (value or group field), for records decoded through the registry. */
+        String[][] slotPaths = new String[0][];
         private final JsonFactory factory;
 
         private Compiled(Summary[] summaries, int slotCount, int maxNestingDepth) {
@@ -173,6 +180,7 @@ public class SummaryValues implements UDF1<byte[], List<Row>>, Serializable {
                         stepMode ? s.get("step_exponent").asInt() : 0);
             }
             Compiled c = new Compiled(summaries, paths.size(), doc.path("max_nesting_depth").asInt(500));
+            c.slotPaths = paths.toArray(new String[0][]);
             for (int slot = 0; slot < paths.size(); slot++) {
                 Node node = c.root;
                 for (String segment : paths.get(slot)) {
@@ -211,6 +219,54 @@ public class SummaryValues implements UDF1<byte[], List<Row>>, Serializable {
             }
             return out;
         }
+    }
+
+    /**
+     * The summaries' fields of a record decoded through the Schema Registry: each path read with
+     * {@link io.kdq.spark.registry.DecodedRecord#get} (record fields, map keys, array indexes), each value taken as
+     * the JSON path takes its JSON counterpart: strings and enum symbols as text, integers and decimals as
+     * numbers, floats by their shortest decimal text, booleans, a timestamp as its epoch milliseconds, a date as
+     * its ISO text, bytes as base64; a record, array or map (a group value only) as the decoding library's text.
+     */
+    static List<Row> extractDecoded(Compiled c, io.kdq.spark.registry.DecodedRecord record) {
+        Object[] found = new Object[c.slotCount];
+        for (int slot = 0; slot < found.length; slot++) {
+            found[slot] = decodedValue(record.get(c.slotPaths[slot]));
+        }
+        List<Row> out = new ArrayList<>(c.summaries.length);
+        for (Summary s : c.summaries) {
+            out.add(entry(s, found));
+        }
+        return out;
+    }
+
+    static Object decodedValue(Object v) {
+        if (v == null) {
+            return null;
+        }
+        if (v instanceof CharSequence || v instanceof Boolean) {
+            return v instanceof Boolean ? v : v.toString();
+        }
+        if (v instanceof Long || v instanceof Integer || v instanceof Short || v instanceof Byte) {
+            return number(v.toString(), true);
+        }
+        if (v instanceof Double || v instanceof Float) {
+            double d = ((Number) v).doubleValue();
+            return Double.isFinite(d) ? number(Double.toString(d), false) : "NaN"; // no JSON number: not numeric
+        }
+        if (v instanceof BigDecimal d) {
+            return number(d.toPlainString(), false);
+        }
+        if (v instanceof java.math.BigInteger i) {
+            return number(i.toString(), true);
+        }
+        if (v instanceof java.time.Instant instant) {
+            return number(Long.toString(instant.toEpochMilli()), true);
+        }
+        if (v instanceof byte[] bytes) {
+            return java.util.Base64.getEncoder().encodeToString(bytes);
+        }
+        return v.toString();
     }
 
     // -- one pass over the document ---------------------------------------------------------------
