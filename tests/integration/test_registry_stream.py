@@ -374,3 +374,45 @@ def test_streaming_summaries_read_the_decoded_avro_records(spark, local_stack, s
         row = rows[("amount", topic, window, json.dumps({"currency": currency}, separators=(",", ":")))]
         assert (row["count"], row["min"], row["max"]) == (len(values), min(values), max(values)), row
     assert len(rows) == 2
+
+
+def test_json_schema_topic_counts_every_kind_exactly(spark, local_stack, schema_registry: LocalRegistry,
+                                                     registry_jvm, tmp_path) -> None:
+    """A topic written with Confluent's JSONSerializer (schemaType JSON in Apicurio): json:<pointer> reasons from
+    the registered schema, not_json for a payload that is not JSON, the event time from the decoded document."""
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+    prefix = f"rj{tmp_path.name[-6:].replace('_', '')}"
+    topic = f"{prefix}-shipments"
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "topics.toml").write_text(
+        f'[[topic]]\nmatch = "{topic}"\nregistry = true\nevent_time_field = "sent_ms"\n'
+    )
+    config = isolated_config(local_stack, tmp_path / "data", prefix, paths={"rules_dir": str(tmp_path / "rules")},
+                             registry={"url": schema_registry.url})
+    registry_jvm(config)
+    local_stack.kafka.create_topic(topic, partitions=2)
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "Shipment", "type": "object",
+              "properties": {"id": {"type": "string", "minLength": 2}, "weight": {"type": "number", "minimum": 0},
+                             "sent_ms": {"type": "integer"}},
+              "required": ["id", "weight", "sent_ms"]}
+    client = SchemaRegistryClient(config.registry_client_conf())
+    serialize = JSONSerializer(json.dumps(schema), client)
+    context = SerializationContext(topic, MessageField.VALUE)
+    ts = W0 + 500
+    valid = [serialize({"id": f"s-{i}", "weight": 1.5 * i, "sent_ms": ts}, context) for i in range(5)]
+    header = valid[0][:5]
+    cases: list[tuple[bytes | None, str | None]] = [
+        *((v, None) for v in valid),
+        (header + b'{"id": "s-9", "weight": -1, "sent_ms": %d}' % ts, "json:/properties/weight/minimum"),
+        (header + b'{"id": "s", "weight": 1, "sent_ms": %d}' % ts, "json:/properties/id/minLength"),
+        (header + b'{"weight": 1, "sent_ms": %d}' % ts, "json:/required/0"),  # the first required name
+        (header + b'{"id": "s-9", "weight": ', "not_json"),
+        (b'{"id": "s-9", "weight": 1}', "no_magic_byte"),
+    ]
+    produce(config.kafka_bootstrap(), topic, [(i % 2, value, ts) for i, (value, _) in enumerate(cases)])
+    run_available_now(SpeedLayer(spark, config, load_rules(config.rules_dir)))
+
+    assert window_counts(spark, config, topic) == expected_counts(topic, [(ts, r is None) for _, r in cases])
+    got = reason_counts(spark, config, topic)
+    assert got == expected_reasons([(ts, r) for _, r in cases if r is not None]), got
