@@ -244,12 +244,19 @@ def exit_when_jvm_dies(spark: SparkSession, interval_seconds: float = 2.0) -> th
     def gone() -> bool:
         return launched.poll() is not None if launched is not None else os.getppid() != parent
 
+    def say_gone() -> None:
+        logging.getLogger("kdq.spark").error("the Spark JVM is gone (killed?): this driver exits too")
+        logging.shutdown()
+
     def watch() -> None:
         while not gone():
             time.sleep(interval_seconds)
-        # Mostly unseen: under spark-submit this process's output is piped through the dead JVM.
-        logging.getLogger("kdq.spark").error("the Spark JVM is gone (killed?): this driver exits too")
-        logging.shutdown()
+        # Mostly unseen: under spark-submit this process's output is piped through the dead JVM, and a write to
+        # that pipe can block for good when another process still holds its read end (a CI run saw the driver
+        # linger past 30 s): the last word gets two seconds on a thread of its own, then the exit comes anyway.
+        last_word = threading.Thread(target=say_gone, name="kdq-jvm-gone-log", daemon=True)
+        last_word.start()
+        last_word.join(2.0)
         os._exit(70)
 
     thread = threading.Thread(target=watch, name="kdq-jvm-watchdog", daemon=True)
