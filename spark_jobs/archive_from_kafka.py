@@ -45,7 +45,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(spark, config: Config, args: argparse.Namespace) -> ArchiveReport:
     """Load one range in an existing session; returns its report (``ok``: nothing missing)."""
-    from kdq.rules import load_rules
+    from kdq.registry_versions import current_rules
     from kdq.spark.backfill import archive_from_kafka
 
     start_time = getattr(args, "start_time", None)
@@ -53,7 +53,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> ArchiveReport:
     return archive_from_kafka(
         spark,
         config,
-        load_rules(config.rules_dir),
+        current_rules(config),  # the registry's subject versions in registry-backed rules' versions
         topics=getattr(args, "topics", None),
         pattern=getattr(args, "pattern", None),
         start=start_time if start_time is not None else getattr(args, "starting_offsets", "earliest"),

@@ -47,13 +47,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(spark, config: Config, args: argparse.Namespace) -> RebuildReport:
     """Rebuild one range in an existing session; returns its report."""
-    from kdq.rules import load_rules
+    from kdq.registry_versions import current_rules
     from kdq.spark.rebuild import rebuild
 
     return rebuild(
         spark,
         config,
-        load_rules(config.rules_dir),
+        current_rules(config),  # the registry's subject versions in registry-backed rules' versions
         int(args.from_ms),
         int(args.to_ms),
         topics=getattr(args, "topics", None) or None,

@@ -38,8 +38,8 @@ import json
 import logging
 import re
 import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,11 @@ class TopicRule:
         return self.subject_strategy is not None
 
     @property
+    def subject(self) -> str | None:
+        """The registry subject of an exact registry-backed rule's topic (topic-name strategy), else None."""
+        return f"{self.match}-value" if self.registry and not self.is_pattern else None
+
+    @property
     def label(self) -> str:
         """How the rule is written in topics.toml: ``orders`` or ``re:legacy\\..*``."""
         return f"{PATTERN_PREFIX}{self.match}" if self.is_pattern else self.match
@@ -164,6 +169,22 @@ class RuleSet:
 
     def __len__(self) -> int:
         return len(self.rules)
+
+    def with_subject_versions(self, versions: Mapping[str, Sequence[int]]) -> RuleSet:
+        """This rule set with each exact registry-backed rule's version including its subject's versions
+        (``versions``: subject -> version numbers, as the registry lists them): a schema version registered or
+        deleted is a rule change (a rebuild finds the windows counted before it, their ``rules_version`` stale),
+        as editing a schema file is. Pattern rules keep their settings' version: their topics, hence subjects,
+        are not known in advance."""
+        rules = []
+        for rule in self.rules:
+            subject = rule.subject if rule.registry and not rule.is_pattern else None
+            if subject is not None and subject in versions:
+                rule = replace(rule, version=_short_hash(
+                    {"rule": rule.version, "subject": subject, "versions": sorted(int(v) for v in versions[subject])}
+                ))
+            rules.append(rule)
+        return replace(self, rules=tuple(rules), version=_short_hash([[r.label, r.version] for r in rules]))
 
     def registry_rules_in_use(self, selected: Callable[[str], bool]) -> tuple[TopicRule, ...]:
         """The registry-backed rules a job reading the topics ``selected`` accepts may meet: every pattern rule

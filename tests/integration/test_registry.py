@@ -111,3 +111,29 @@ def test_avro_and_protobuf_schemas_keep_their_ids_across_restarts(schema_registr
     check(after_kill)
     assert after_kill.get_latest_version(late).schema_id == late_id
     assert json.loads(after_kill.get_schema(late_id).schema_str)["name"] == "LateOrder"
+
+
+def test_a_registered_schema_version_changes_the_rules_version_of_its_topic(schema_registry: LocalRegistry,
+                                                                           topic_name: str, tmp_path) -> None:
+    """kdq.registry_versions.current_rules asks the registry for each exact registry-backed topic's subject
+    versions: registering a new version is a rule change for that topic (its windows' rules_version goes stale,
+    a rebuild re-judges them), the same version again is not; without a registry the settings alone count."""
+    from kdq.registry_versions import current_rules
+    from tests.conftest import make_config
+
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "topics.toml").write_text(f'[[topic]]\nmatch = "{topic_name}"\nregistry = true\n')
+    config = make_config(tmp_path / "data", paths={"rules_dir": str(tmp_path / "rules")},
+                         registry={"url": schema_registry.url})
+    settings_only = current_rules(make_config(tmp_path / "data", paths={"rules_dir": str(tmp_path / "rules")}))
+    before = current_rules(config).version_for(topic_name)  # no subject yet: no versions
+    assert before != settings_only.version_for(topic_name)
+    client = _client(schema_registry)
+    client.register_schema(f"{topic_name}-value", Schema(json.dumps(AVRO_ORDER), "AVRO"))
+    first = current_rules(config).version_for(topic_name)
+    client.register_schema(f"{topic_name}-value", Schema(json.dumps(AVRO_ORDER), "AVRO"))  # the same: no new version
+    assert current_rules(config).version_for(topic_name) == first != before
+    evolved = {**AVRO_ORDER, "fields": [*AVRO_ORDER["fields"], {"name": "note", "type": ["null", "string"],
+                                                                "default": None}]}
+    client.register_schema(f"{topic_name}-value", Schema(json.dumps(evolved), "AVRO"))
+    assert current_rules(config).version_for(topic_name) not in (before, first)

@@ -329,3 +329,22 @@ def test_registry_rules_in_use_by_a_job(tmp_path: Path) -> None:
     assert rules.registry_rules_in_use(lambda t: topic_selected(t, "t-123.*", "_.*")) == ()
     write(tmp_path, "topics.toml", '[[topic]]\nmatch = "re:pay\\\\..*"\nregistry = true\n')
     assert len(load_rules(tmp_path).registry_rules_in_use(lambda t: False)) == 1  # a pattern: its topics come and go
+
+
+def test_subject_versions_are_part_of_an_exact_registry_rules_version(tmp_path: Path) -> None:
+    """A schema version registered (or deleted) under an exact registry-backed topic's subject changes that rule's
+    version and the set's, and nothing else; pattern rules and JSON rules keep theirs."""
+    write(tmp_path, "orders.schema.json", ORDERS)
+    write(tmp_path, "topics.toml", '[[topic]]\nmatch = "orders.avro"\nregistry = true\n'
+          '[[topic]]\nmatch = "re:pay\\\\..*"\nregistry = true\n')
+    rules = load_rules(tmp_path)
+    assert [r.subject for r in rules.rules] == ["orders.avro-value", None, None]
+    one = rules.with_subject_versions({"orders.avro-value": [1]})
+    two = rules.with_subject_versions({"orders.avro-value": [2, 1]})
+    assert one.version_for("orders.avro") != rules.version_for("orders.avro") != two.version_for("orders.avro")
+    assert one.version_for("orders.avro") != two.version_for("orders.avro") and one.version != two.version
+    assert rules.with_subject_versions({"orders.avro-value": [1, 2]}).version_for("orders.avro") == two.version_for(
+        "orders.avro")  # the registry's order does not matter
+    for topic in ("pay.eu", "orders"):
+        assert two.version_for(topic) == rules.version_for(topic)
+    assert rules.with_subject_versions({}) == rules

@@ -93,7 +93,7 @@ def _run_owned(
     """:func:`run_speed_layer` once this driver holds the checkpoint's lease."""
     from pyspark.errors import StreamingQueryException
 
-    from kdq.rules import load_rules
+    from kdq.registry_versions import current_rules
     from kdq.spark.classifier import check_rules
     from kdq.spark.lost_checkpoint import starting_offsets
     from kdq.spark.speed_layer import FaultInjector, ProgressRecorder, SpeedLayer, checkpoint_dir
@@ -102,7 +102,7 @@ def _run_owned(
     fenced = threading.Event()
     lease.keep_renewed(lambda reason: fenced.set())
     starting.phase("rules")
-    rules = load_rules(config.rules_dir)
+    rules = current_rules(config)  # with the registry's subject versions in registry-backed rules' versions
     for line in rules.describe():
         log.info("rule %s", line)
     # Every rule compiled in the JVM now: a broken one stops the job here, naming its file. The Schema Registry is
