@@ -703,12 +703,14 @@ class Config(_Section):
         return f"http://127.0.0.1:{port}"
 
     def registry_url(self) -> str:
-        """``registry.url``, else the local stack's registry (its Confluent-compatible API) once `make run` has
-        recorded its port; a ConfigError saying what to do when neither is there."""
+        """``registry.url``, else the local stack's registry (its Confluent-compatible API) once `make run` (or
+        `kdq up`) has started it, until `kdq down`; a ConfigError saying what to do when neither is there. A stack
+        started without the registry records its port too (kept for the next start), but never as the default."""
         if self.registry.url:
             return self.registry.url
-        port = self.local_state().get("registry_port")
-        if not port:
+        state = self.local_state()
+        port = state.get("registry_port")
+        if not port or not state.get("registry_started"):
             raise ConfigError(
                 "registry.url is empty and no local Schema Registry is recorded in "
                 f"{self.state_file}: start the local stack with `make run` (or `kdq up`) or set KDQ_REGISTRY__URL"

@@ -16,6 +16,7 @@ Rules live in one folder (``paths.rules_dir``, default ``config/rules/``):
       registry = true                  # judged by the Schema Registry ([registry] in kdq.toml): the
                                        # schema each message's header names, Avro for now
       subject_strategy = "topic_name"  # the subject a message's schema must be a version of: <topic>-value
+                                       # (record_name: the record's name; topic_record_name: <topic>-<name>)
 
 Explicit entries win over convention files, and the first matching entry wins,
 in file order. An exact entry without ``schema`` uses ``<topic>.schema.json``
@@ -58,9 +59,12 @@ NO_RULE_VERSION = "none"
 RULES_FORMAT_VERSION = 1
 
 _ENTRY_KEYS = ("match", "schema", "event_time_field", "event_time_format", "registry", "subject_strategy")
-# How a registry-backed topic names the subject its messages' schemas must belong to (Confluent's serializers'
-# default, TopicNameStrategy: "<topic>-value").
-SUBJECT_STRATEGIES = ("topic_name",)
+# How a registry-backed topic names the subject its messages' schemas must belong to, as Confluent's serializers'
+# subject name strategies do: topic_name (their default, TopicNameStrategy: "<topic>-value"), record_name
+# (RecordNameStrategy: the record's fully-qualified name) and topic_record_name (TopicRecordNameStrategy:
+# "<topic>-<record name>"). The record name is the schema's: Avro's full name, the Protobuf message, a JSON
+# Schema's title.
+SUBJECT_STRATEGIES = ("topic_name", "record_name", "topic_record_name")
 
 
 class RuleError(ValueError):
@@ -119,7 +123,22 @@ class TopicRule:
     @property
     def subject(self) -> str | None:
         """The registry subject of an exact registry-backed rule's topic (topic-name strategy), else None."""
-        return f"{self.match}-value" if self.registry and not self.is_pattern else None
+        return f"{self.match}-value" if self.subject_strategy == "topic_name" and not self.is_pattern else None
+
+    @property
+    def subjects_known(self) -> bool:
+        """Whether the registry can say which subjects this rule's records belong to: an exact topic by the
+        topic-name strategy (``<topic>-value``) or the topic-record-name one (every ``<topic>-<record>``). A
+        pattern's topics, and the record-name strategy's subjects (shared by every topic), are not known."""
+        return not self.is_pattern and self.subject_strategy in ("topic_name", "topic_record_name")
+
+    def owns_subject(self, subject: str) -> bool:
+        """Whether ``subject`` is one of this rule's topic's subjects (see :attr:`subjects_known`)."""
+        if not self.subjects_known:
+            return False
+        if self.subject_strategy == "topic_name":
+            return subject == f"{self.match}-value"
+        return subject.startswith(f"{self.match}-") and subject not in (f"{self.match}-key", f"{self.match}-value")
 
     @property
     def label(self) -> str:
@@ -171,18 +190,22 @@ class RuleSet:
         return len(self.rules)
 
     def with_subject_versions(self, versions: Mapping[str, Sequence[int]]) -> RuleSet:
-        """This rule set with each exact registry-backed rule's version including its subject's versions
-        (``versions``: subject -> version numbers, as the registry lists them): a schema version registered or
-        deleted is a rule change (a rebuild finds the windows counted before it, their ``rules_version`` stale),
-        as editing a schema file is. Pattern rules keep their settings' version: their topics, hence subjects,
-        are not known in advance."""
+        """This rule set with each exact registry-backed rule's version including its subjects' versions
+        (``versions``: subject -> version numbers, as the registry lists them; see :attr:`TopicRule.subjects_known`
+        for which rules' subjects are known): a schema version registered or deleted is a rule change (a rebuild
+        finds the windows counted before it, their ``rules_version`` stale), as editing a schema file is. Pattern
+        rules and the record-name strategy keep their settings' version: their subjects are not known in advance."""
         rules = []
         for rule in self.rules:
-            subject = rule.subject if rule.registry and not rule.is_pattern else None
+            subject = rule.subject
             if subject is not None and subject in versions:
                 rule = replace(rule, version=_short_hash(
                     {"rule": rule.version, "subject": subject, "versions": sorted(int(v) for v in versions[subject])}
                 ))
+            elif rule.subjects_known and subject is None:  # topic_record_name: each record type's subject
+                owned = {s: sorted(int(v) for v in vs) for s, vs in sorted(versions.items()) if rule.owns_subject(s)}
+                if owned:
+                    rule = replace(rule, version=_short_hash({"rule": rule.version, "subjects": owned}))
             rules.append(rule)
         return replace(self, rules=tuple(rules), version=_short_hash([[r.label, r.version] for r in rules]))
 

@@ -416,3 +416,80 @@ def test_json_schema_topic_counts_every_kind_exactly(spark, local_stack, schema_
     assert window_counts(spark, config, topic) == expected_counts(topic, [(ts, r is None) for _, r in cases])
     got = reason_counts(spark, config, topic)
     assert got == expected_reasons([(ts, r) for _, r in cases if r is not None]), got
+
+
+def test_record_name_strategies_judge_each_record_type_by_its_own_subject(spark, local_stack,
+                                                                          schema_registry: LocalRegistry,
+                                                                          registry_jvm, tmp_path) -> None:
+    """Topics whose producers use Confluent's record-name subject strategies (several record types per topic):
+    ``topic_record_name`` (subjects ``<topic>-<record>``) and ``record_name`` (subjects named by the record,
+    shared by every topic), written with the Python serializers' own strategies. Each record type is judged
+    against its own subject; a record type registered for another topic is ``schema_not_for_subject``; and the
+    topic-record-name rule's version follows its subjects' versions (kdq.registry_versions.current_rules)."""
+    from confluent_kafka.schema_registry import record_subject_name_strategy, topic_record_subject_name_strategy
+
+    from kdq.registry_versions import current_rules
+
+    prefix = f"rn{tmp_path.name[-6:].replace('_', '')}"
+    mixed, shared = f"{prefix}-mixed", f"{prefix}-shared"
+    namespace = f"io.kdq.{prefix}"  # record-name subjects are global in a registry: this test's own names
+    order = {**AVRO_ORDER, "namespace": namespace}
+    refund = {"type": "record", "name": "Refund", "namespace": namespace,
+              "fields": [{"name": "order_id", "type": "string"}, {"name": "created", "type": "long"}]}
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "topics.toml").write_text(
+        f'[[topic]]\nmatch = "{mixed}"\nregistry = true\nsubject_strategy = "topic_record_name"\n'
+        'event_time_field = "created"\n'
+        f'[[topic]]\nmatch = "{shared}"\nregistry = true\nsubject_strategy = "record_name"\n'
+        'event_time_field = "created"\n'
+    )
+    config = isolated_config(local_stack, tmp_path / "data", prefix, paths={"rules_dir": str(tmp_path / "rules")},
+                             registry={"url": schema_registry.url})
+    registry_jvm(config)
+    for topic in (mixed, shared):
+        local_stack.kafka.create_topic(topic, partitions=2)
+    client = SchemaRegistryClient(config.registry_client_conf())
+    version_before = current_rules(config).version_for(mixed)
+
+    def serializer(schema: dict, strategy) -> AvroSerializer:
+        return AvroSerializer(client, json.dumps(schema),
+                              conf={"auto.register.schemas": True, "subject.name.strategy": strategy})
+
+    ts = W0 + 700
+    in_mixed = SerializationContext(mixed, MessageField.VALUE)
+    in_shared = SerializationContext(shared, MessageField.VALUE)
+    orders = serializer(order, topic_record_subject_name_strategy)
+    refunds = serializer(refund, topic_record_subject_name_strategy)
+    mixed_cases: list[tuple[bytes | None, str | None]] = [
+        *((orders(_order(i, ts), in_mixed), None) for i in range(3)),
+        *((refunds({"order_id": f"o-{i}", "created": ts}, in_mixed), None) for i in range(2)),
+    ]
+    # A Refund written for the shared topic (subject <namespace>.Refund only): not a subject of the mixed topic.
+    shared_refunds = serializer(refund, record_subject_name_strategy)
+    foreign = shared_refunds({"order_id": "o-9", "created": ts}, in_shared)
+    assert client.get_versions(f"{namespace}.Refund") and client.get_versions(f"{mixed}-{namespace}.Refund")
+    other_id = client.register_schema(f"{prefix}-elsewhere-{namespace}.Other",
+                                      Schema(json.dumps({**OTHER, "namespace": namespace}), "AVRO"))
+    mixed_cases += [
+        (_frame(other_id, _avro(OTHER, {"x": 1})), "schema_not_for_subject"),
+        (mixed_cases[0][0] + b"\x00", "avro:$trailing_bytes"),
+    ]
+    # In the shared topic: Refunds by their record subject are valid; an Order has no <namespace>.Order subject.
+    shared_cases: list[tuple[bytes | None, str | None]] = [
+        (foreign, None),
+        (shared_refunds({"order_id": "o-8", "created": ts}, in_shared), None),
+        (mixed_cases[0][0], "schema_not_for_subject"),
+    ]
+    produce(config.kafka_bootstrap(), mixed, [(i % 2, v, ts) for i, (v, _) in enumerate(mixed_cases)])
+    produce(config.kafka_bootstrap(), shared, [(i % 2, v, ts) for i, (v, _) in enumerate(shared_cases)])
+    run_available_now(SpeedLayer(spark, config, load_rules(config.rules_dir)))
+
+    for topic, cases in ((mixed, mixed_cases), (shared, shared_cases)):
+        assert window_counts(spark, config, topic) == expected_counts(topic, [(ts, r is None) for _, r in cases])
+        got = reason_counts(spark, config, topic)
+        assert got == expected_reasons([(ts, r) for _, r in cases if r is not None]), (topic, got)
+    # Two record subjects of the mixed topic now have versions: its rule's version moved; the shared topic's
+    # (record_name: subjects shared by every topic) is its settings' alone.
+    after = current_rules(config)
+    assert after.version_for(mixed) != version_before
+    assert after.version_for(shared) == load_rules(config.rules_dir).version_for(shared)

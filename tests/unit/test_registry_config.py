@@ -29,7 +29,11 @@ def test_default_is_the_local_stacks_registry_once_recorded(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match=r"registry.url is empty .*`make run`.*KDQ_REGISTRY__URL"):
         config.registry_url()
     config.state_file.parent.mkdir(parents=True)
+    # A stack started without the registry records its port, never as the default (it would be a dead port).
     config.state_file.write_text(json.dumps({"registry_port": 18081}))
+    with pytest.raises(ConfigError, match=r"registry.url is empty"):
+        config.registry_url()
+    config.state_file.write_text(json.dumps({"registry_port": 18081, "registry_started": True}))
     assert config.registry_url() == "http://127.0.0.1:18081/apis/ccompat/v7"
     assert config.registry_client_conf() == {"url": "http://127.0.0.1:18081/apis/ccompat/v7", "timeout": 10.0}
 
@@ -133,7 +137,9 @@ def test_the_stack_records_the_registry_port_and_starts_none_for_a_configured_ur
     stack = LocalStack(config, with_registry=True)
     assert stack.with_registry and stack.registry.port == 18099
     assert config.local_state()["registry_port"] == 18099
-    assert config.registry_url() == "http://127.0.0.1:18099/apis/ccompat/v7"
+    # Not started yet: not the default registry either.
+    with pytest.raises(ConfigError, match=r"registry.url is empty"):
+        config.registry_url()
     # Never started: not listed by status (listed from its start until `down`).
     assert "registry" not in [s.name for s in stack.status()]
     external = make_config(tmp_path, registry={"url": "http://registry.example.com:8081"})
@@ -173,3 +179,13 @@ def test_jobs_get_the_registry_in_their_spark_configuration_and_the_secrets_in_a
     }
     # Neither configured nor recorded by the local stack: nothing (a registry rule then stops its job at start).
     assert registry_conf(load_config(write(tmp_path, ""), env={})) == {}
+
+
+def test_down_takes_the_local_registry_back_as_the_default(tmp_path: Path) -> None:
+    config = make_config(tmp_path, registry={"local_port": 18098})
+    stack = LocalStack(config, with_registry=True)
+    stack._record_state(registry_started=True)  # what `up` records when it starts the registry
+    assert config.registry_url() == "http://127.0.0.1:18098/apis/ccompat/v7"
+    stack.down()
+    with pytest.raises(ConfigError, match=r"registry.url is empty"):
+        config.registry_url()

@@ -307,7 +307,7 @@ def test_registry_backed_rules(tmp_path: Path, caplog: pytest.LogCaptureFixture)
     [
         ('registry = "yes"', "'registry' must be true or false"),
         ('subject_strategy = "topic_name"', "'subject_strategy' applies only with registry = true"),
-        ('registry = true\nsubject_strategy = "record_name"', "bad subject_strategy 'record_name'"),
+        ('registry = true\nsubject_strategy = "by_magic"', "bad subject_strategy 'by_magic'"),
         ('registry = true\nschema = "orders.schema.json"', "'schema' and registry = true exclude each other"),
     ],
 )
@@ -348,3 +348,21 @@ def test_subject_versions_are_part_of_an_exact_registry_rules_version(tmp_path: 
     for topic in ("pay.eu", "orders"):
         assert two.version_for(topic) == rules.version_for(topic)
     assert rules.with_subject_versions({}) == rules
+
+
+def test_topic_record_name_rules_fold_in_every_record_subject_of_their_topic(tmp_path: Path) -> None:
+    """By the topic-record-name strategy a topic has a subject per record type (``<topic>-<record>``): each of
+    their versions is part of the rule's version; the record-name strategy's subjects are shared by every topic
+    carrying the record, so its rules keep their settings' version, as patterns do."""
+    write(tmp_path, "topics.toml", '[[topic]]\nmatch = "pay"\nregistry = true\nsubject_strategy = "topic_record_name"\n'
+          '[[topic]]\nmatch = "shop"\nregistry = true\nsubject_strategy = "record_name"\n')
+    rules = load_rules(tmp_path)
+    pay, shop = rules.rules
+    assert (pay.subject, pay.subjects_known, shop.subject, shop.subjects_known) == (None, True, None, False)
+    assert pay.owns_subject("pay-shop.Refund") and not pay.owns_subject("pay-value") and not pay.owns_subject("pays-x")
+    assert not shop.owns_subject("shop.Order") and not shop.owns_subject("shop-value")
+    one = rules.with_subject_versions({"pay-shop.Refund": [1], "pay-value": [1], "shop.Order": [1]})
+    two = rules.with_subject_versions({"pay-shop.Refund": [1], "pay-shop.Order": [1], "shop.Order": [2]})
+    assert len({rules.version_for("pay"), one.version_for("pay"), two.version_for("pay")}) == 3
+    assert one.version_for("shop") == two.version_for("shop") == rules.version_for("shop")
+    assert rules.with_subject_versions({"pay-value": [3]}) == rules  # not one of its subjects

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from kdq.config import Config
 from kdq.stack.airflow import PORT_ENV as AIRFLOW_PORT_ENV
@@ -143,6 +144,9 @@ class LocalStack:
             self.sql_endpoint.start(wait=False)
         if self.with_registry:
             self.registry.start(wait=False)  # the same: waited for below
+            # From now until `down`, Config.registry_url() resolves to it; a stack started without the registry
+            # (`kdq up --no-registry`, the tests' stack) records its port but never makes it the default URL.
+            self._record_state(registry_started=True)
         self.kafka.start()
         self.kafka.create_topic(self.config.kafka.metrics_topic, partitions=3, config={"cleanup.policy": "compact"})
         if self.config.influxdb.enabled:
@@ -209,6 +213,12 @@ class LocalStack:
             self.config.state_file.parent.mkdir(parents=True, exist_ok=True)
             self.config.state_file.write_text(json.dumps(new_state, indent=2))
 
+    def _record_state(self, **values: Any) -> None:
+        state = self.config.local_state()
+        if any(state.get(k) != v for k, v in values.items()):
+            self.config.state_file.parent.mkdir(parents=True, exist_ok=True)
+            self.config.state_file.write_text(json.dumps(state | values, indent=2))
+
     def down(self) -> list[str]:
         """Stop every component; returns the names of those that were running."""
         from kdq.stream_process import stop_stream
@@ -225,6 +235,7 @@ class LocalStack:
         ):
             if component.stop():
                 stopped.append(name)
+        self._record_state(registry_started=False)
         if self.spark is not None and self.spark.stop():
             stopped.append("spark-cluster")
         if self.kafka.stop():

@@ -14,6 +14,7 @@ import org.apache.spark.sql.Row;
 import io.kdq.spark.registry.RegistryConnection;
 import io.kdq.spark.registry.RegistryDecoder;
 import io.kdq.spark.registry.RegistryUnavailableException;
+import io.kdq.spark.registry.SubjectStrategy;
 import io.kdq.spark.registry.Verdict;
 
 import com.networknt.schema.AbsoluteIri;
@@ -112,7 +113,9 @@ final class CompiledConfig {
             if (rule.registry == null) {
                 continue;
             }
-            String subject = rule.registry.subject(rule.topicPattern == null ? rule.match : "kdq-start-up-check");
+            // A record-name strategy's subjects are the record types', not known before a record comes.
+            String subject = rule.topicPattern == null && !rule.registry.subjectStrategy.byRecord()
+                    ? rule.registry.subjectStrategy.subject(rule.match, null) : "kdq-start-up-check";
             try {
                 rule.registry.decoder().checkReachable(subject);
             } catch (RegistryUnavailableException e) {
@@ -317,11 +320,8 @@ final class CompiledConfig {
                     throw new IllegalArgumentException("has both a JSON Schema and registry = true: a registry-backed"
                             + " topic is judged by the schema its messages name");
                 }
-                String strategy = reg.path("subject_strategy").asString(RegistryRule.TOPIC_NAME);
-                if (!RegistryRule.TOPIC_NAME.equals(strategy)) {
-                    throw new IllegalArgumentException("subject_strategy '" + strategy + "' is not supported (supported: "
-                            + RegistryRule.TOPIC_NAME + ")");
-                }
+                SubjectStrategy strategy = SubjectStrategy.of(
+                        reg.path("subject_strategy").asString(SubjectStrategy.TOPIC_NAME.key));
                 registryRule = new RegistryRule(strategy, decoders);
             }
             return new CompiledRule(label, match, topicPattern, version, field, format, schema, registryRule);
@@ -438,7 +438,7 @@ final class CompiledConfig {
                 return Classifier.row(Reasons.NULL_VALUE, null, hasField, version);
             }
             if (rule != null && rule.registry != null) {
-                Verdict verdict = rule.registry.decoder().decode(rule.registry.subject(topic), value);
+                Verdict verdict = rule.registry.decoder().decode(rule.registry.subjectStrategy, topic, value);
                 if (verdict.problem != null) {
                     return Classifier.row(verdict.problem, null, hasField, version);
                 }
@@ -511,23 +511,16 @@ final class CompiledConfig {
 
     /** A registry-backed rule: how a topic names its subject, and the decoder that asks the registry. */
     static final class RegistryRule {
-        /** Confluent's TopicNameStrategy, the serializers' default: the value subject is {@code <topic>-value}. */
-        static final String TOPIC_NAME = "topic_name";
-
-        final String subjectStrategy;
+        final SubjectStrategy subjectStrategy;
         private final Lazy decoder;
 
-        RegistryRule(String subjectStrategy, Lazy decoder) {
+        RegistryRule(SubjectStrategy subjectStrategy, Lazy decoder) {
             this.subjectStrategy = subjectStrategy;
             this.decoder = decoder;
         }
 
         RegistryDecoder decoder() {
             return decoder.get();
-        }
-
-        String subject(String topic) {
-            return topic + "-value";
         }
     }
 

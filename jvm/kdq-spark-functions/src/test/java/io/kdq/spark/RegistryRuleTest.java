@@ -108,10 +108,11 @@ class RegistryRuleTest {
         assertTrue(twice.getMessage().contains("both a JSON Schema and registry = true"), twice.getMessage());
 
         ObjectNode strategy = registryConfig();
-        ((ObjectNode) strategy.get("rules").get(0).get("registry")).put("subject_strategy", "record_name");
+        ((ObjectNode) strategy.get("rules").get(0).get("registry")).put("subject_strategy", "by_magic");
         IllegalArgumentException unsupported = assertThrows(IllegalArgumentException.class,
                 () -> CompiledConfig.compile(strategy.toString(), () -> null));
-        assertTrue(unsupported.getMessage().contains("subject_strategy 'record_name'"), unsupported.getMessage());
+        assertTrue(unsupported.getMessage().contains("subject_strategy 'by_magic' is not supported"),
+                unsupported.getMessage());
     }
 
     @Test

@@ -67,6 +67,15 @@ final class AvroSchemaDecoder extends CompiledSchema {
         out.add(s.schema());
     }
 
+    /** Named types by their full name, other schemas by their type's name (a primitive's name is its type). */
+    @Override
+    String recordName(byte[] value, int offset) {
+        return switch (schema.getType()) {
+            case RECORD, ENUM, FIXED -> schema.getFullName();
+            default -> schema.getType().getName();
+        };
+    }
+
     @Override
     Verdict decode(byte[] value, int offset) {
         BoundedBinaryDecoder in = DECODER.get();

@@ -13,6 +13,15 @@ abstract class CompiledSchema {
 
     abstract Verdict decode(byte[] value, int offset);
 
+    /**
+     * The record name Confluent's serializers give this schema for the record-name subject strategies
+     * ({@link SubjectStrategy}), or null: none (a schema that cannot be read, a JSON Schema without {@code title}),
+     * or the payload does not say which (Protobuf message indexes that do not read).
+     */
+    String recordName(byte[] value, int offset) {
+        return null;
+    }
+
     /** Every payload of a schema these decoders cannot read gets the same verdict (and no retry). */
     static CompiledSchema fixed(int id, String problem) {
         return new CompiledSchema(id) {

@@ -8,6 +8,8 @@ import java.util.Set;
 import java.util.function.Function;
 
 import io.kdq.spark.JsonSchemaCheck;
+import tools.jackson.databind.JsonNode;
+import tools.jackson.databind.json.JsonMapper;
 
 /**
  * A JSON Schema from the registry (schemaType JSON), compiled once per id with the classifier's own JSON Schema
@@ -27,11 +29,16 @@ final class JsonSchemaDecoder extends CompiledSchema {
     static final boolean ASSERT_FORMAT = true;
     static final String BASE = "kdq:/registry/schemas/";
 
-    private final JsonSchemaCheck check;
+    private static final JsonMapper TITLE_READER = JsonMapper.builder().build();
 
-    private JsonSchemaDecoder(int id, JsonSchemaCheck check) {
+    private final JsonSchemaCheck check;
+    /** The schema's {@code title}: its record name for the record-name subject strategies, as the serializers'. */
+    private final String title;
+
+    private JsonSchemaDecoder(int id, JsonSchemaCheck check, String title) {
         super(id);
         this.check = check;
+        this.title = title;
     }
 
     static CompiledSchema compile(int id, RegisteredSchema registered,
@@ -39,8 +46,10 @@ final class JsonSchemaDecoder extends CompiledSchema {
         try {
             Map<String, String> documents = new LinkedHashMap<>();
             collect(registered, references, documents, new HashSet<>(), 0);
-            return new JsonSchemaDecoder(id, JsonSchemaCheck.compile(registered.schema(), BASE + id + ".json",
-                    documents, MAX_NESTING_DEPTH, ASSERT_FORMAT));
+            JsonSchemaCheck check = JsonSchemaCheck.compile(registered.schema(), BASE + id + ".json", documents,
+                    MAX_NESTING_DEPTH, ASSERT_FORMAT);
+            JsonNode title = TITLE_READER.readTree(registered.schema()).path("title");
+            return new JsonSchemaDecoder(id, check, title.isString() ? title.asString() : null);
         } catch (RegistryUnavailableException e) {
             throw e;
         } catch (RuntimeException e) {
@@ -66,6 +75,11 @@ final class JsonSchemaDecoder extends CompiledSchema {
     static String documentIri(String name) {
         String iri = URI.create(BASE).resolve(URI.create(name)).toString();
         return iri.endsWith("#") ? iri.substring(0, iri.length() - 1) : iri;
+    }
+
+    @Override
+    String recordName(byte[] value, int offset) {
+        return title;
     }
 
     @Override

@@ -97,6 +97,20 @@ final class ProtobufSchemaDecoder extends CompiledSchema {
         return d;
     }
 
+    /** The fully-qualified name of the message the payload's indexes name (what the serializers name). */
+    @Override
+    String recordName(byte[] value, int offset) {
+        if (offset < value.length && value[offset] == 0) {
+            return first == null ? null : first.getFullName();
+        }
+        try {
+            Descriptor d = message(WireFormat.messageIndexes(value, offset));
+            return d == null ? null : d.getFullName();
+        } catch (IllegalArgumentException e) {
+            return null;
+        }
+    }
+
     @Override
     Verdict decode(byte[] value, int offset) {
         Descriptor type;

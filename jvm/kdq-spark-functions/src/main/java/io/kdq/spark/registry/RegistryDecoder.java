@@ -19,10 +19,27 @@ public final class RegistryDecoder {
 
     /**
      * @param subject the topic's subject ({@code <topic>-value} by the topic-name strategy), or null to accept any
-     *                registered id (record-name strategies check the record's name instead: a later step)
+     *                registered id
      * @throws RegistryUnavailableException when the answer needs the registry and it does not answer
      */
     public Verdict decode(String subject, byte[] value) {
+        return judge(null, subject, value);
+    }
+
+    /**
+     * Judges a value of {@code topic} whose subject comes by {@code strategy}: for the record-name strategies the
+     * subject is named by the record's schema ({@link CompiledSchema#recordName}), so a record type whose subject
+     * does not hold the header's id is {@code schema_not_for_subject}, as is a schema without a name (a JSON Schema
+     * without {@code title}: no record-name serializer writes it).
+     *
+     * @throws RegistryUnavailableException when the answer needs the registry and it does not answer
+     */
+    public Verdict decode(SubjectStrategy strategy, String topic, byte[] value) {
+        return strategy.byRecord() ? judge(strategy, topic, value) : judge(null, strategy.subject(topic, null), value);
+    }
+
+    /** With {@code strategy} null, {@code subjectOrTopic} is the subject (null: any id); else the topic. */
+    private Verdict judge(SubjectStrategy strategy, String subjectOrTopic, byte[] value) {
         if (value == null) {
             return Verdict.problem(RegistryReasons.NULL_VALUE, -1);
         }
@@ -34,7 +51,20 @@ public final class RegistryDecoder {
         if (schema == null) {
             return Verdict.problem(RegistryReasons.UNKNOWN_SCHEMA_ID, id);
         }
-        if (subject != null && !cache.inSubject(subject, id)) {
+        if (strategy == null) {
+            if (subjectOrTopic != null && !cache.inSubject(subjectOrTopic, id)) {
+                return Verdict.problem(RegistryReasons.SCHEMA_NOT_FOR_SUBJECT, id);
+            }
+            return schema.decode(value, WireFormat.HEADER);
+        }
+        String name = schema.recordName(value, WireFormat.HEADER);
+        if (name == null) {
+            // A payload naming no message (Protobuf's indexes) says so in its decoding; a nameless schema is in
+            // no record-name subject.
+            Verdict decoded = schema.decode(value, WireFormat.HEADER);
+            return decoded.problem != null ? decoded : Verdict.problem(RegistryReasons.SCHEMA_NOT_FOR_SUBJECT, id);
+        }
+        if (!cache.inSubject(strategy.subject(subjectOrTopic, name), id)) {
             return Verdict.problem(RegistryReasons.SCHEMA_NOT_FOR_SUBJECT, id);
         }
         return schema.decode(value, WireFormat.HEADER);
