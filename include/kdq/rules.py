@@ -14,7 +14,7 @@ Rules live in one folder (``paths.rules_dir``, default ``config/rules/``):
       [[topic]]
       match = "re:payments\\..*"
       registry = true                  # judged by the Schema Registry ([registry] in kdq.toml): the
-                                       # schema each message's header names, Avro for now
+                                       # schema each message's header names (Avro, Protobuf, JSON Schema)
       subject_strategy = "topic_name"  # the subject a message's schema must be a version of: <topic>-value
                                        # (record_name: the record's name; topic_record_name: <topic>-<name>)
 
