@@ -493,3 +493,55 @@ def test_record_name_strategies_judge_each_record_type_by_its_own_subject(spark,
     after = current_rules(config)
     assert after.version_for(mixed) != version_before
     assert after.version_for(shared) == load_rules(config.rules_dir).version_for(shared)
+
+
+def test_a_schema_registered_for_the_topic_is_a_rule_change_a_rebuild_applies(spark, local_stack,
+                                                                             schema_registry: LocalRegistry,
+                                                                             registry_jvm, tmp_path) -> None:
+    """Rebuild after a schema change works as after a rule change: records whose schema was registered for
+    another topic only are ``schema_not_for_subject``; once the team registers that schema under the topic's
+    subject, the topic's rule version moves (kdq.registry_versions.current_rules, as the rebuild job loads it), and
+    one rebuild of the range re-judges the archived records: the windows get the new truth and the new
+    rules_version, with rule_change corrections."""
+    from spark_jobs import rebuild as rebuild_job
+
+    from kdq.registry_versions import current_rules
+    from tests.integration.test_rebuild import _args, _versions
+
+    prefix = f"rr{tmp_path.name[-6:].replace('_', '')}"
+    topic = f"{prefix}-orders"
+    _rules(tmp_path / "rules", topic)
+    config = isolated_config(local_stack, tmp_path / "data", prefix, paths={"rules_dir": str(tmp_path / "rules")},
+                             registry={"url": schema_registry.url})
+    registry_jvm(config)
+    local_stack.kafka.create_topic(topic, partitions=2)
+    client = SchemaRegistryClient(config.registry_client_conf())
+    context = SerializationContext(topic, MessageField.VALUE)
+    valid = [_serializer(client, AVRO_ORDER)(_order(i, W0 + 200), context) for i in range(3)]
+    # The next version of the orders schema, registered so far for another topic only.
+    elsewhere = client.register_schema(f"{prefix}-elsewhere-value", Schema(json.dumps(AVRO_ORDER_V2), "AVRO"))
+    newer = [_frame(elsewhere, _avro(AVRO_ORDER_V2, {**_order(10 + i, W0 + 1_200), "channel": "app"}))
+             for i in range(2)]
+    sent = [(v, W0 + 200) for v in valid] + [(v, W0 + 1_200) for v in newer]
+    produce(config.kafka_bootstrap(), topic, [(i % 2, v, ts) for i, (v, ts) in enumerate(sent)])
+    before_rules = current_rules(config)
+    run_available_now(SpeedLayer(spark, config, before_rules))
+    assert window_counts(spark, config, topic) == expected_counts(
+        topic, [(W0 + 200, True)] * 3 + [(W0 + 1_200, False)] * 2)
+    assert reason_counts(spark, config, topic) == expected_reasons([(W0 + 1_200, "schema_not_for_subject")] * 2)
+
+    registered = client.register_schema(f"{topic}-value", Schema(json.dumps(AVRO_ORDER_V2), "AVRO"))
+    assert registered == elsewhere, "the registry gives the same schema the same id in every subject"
+    after_rules = current_rules(config)
+    assert after_rules.version_for(topic) != before_rules.version_for(topic)
+
+    report = rebuild_job.run(spark, config, _args(W0, W0 + 10_000, [topic], f"{prefix}-rb"))
+    assert report["ok"], report
+    truth = expected_counts(topic, [(ts, True) for _, ts in sent])
+    assert window_counts(spark, config, topic) == truth
+    assert _versions(spark, config, topic) == {after_rules.version_for(topic)}
+    assert reason_counts(spark, config, topic) == {}
+    corrections = {(r["status"], r["old_count"], r["new_count"], r["reason"]) for r in spark.read.format("delta")
+                   .load(str(config.tables_dir / "corrections")).where(f"topic = '{topic}'").collect()}
+    assert corrections == {("valid", 0, 2, "rule_change"), ("invalid", 2, 0, "rule_change")}
+    assert latest_metrics(config)[(topic, W0 + 1_000, "valid")] == 2

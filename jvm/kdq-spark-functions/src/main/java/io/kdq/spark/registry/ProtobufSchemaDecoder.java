@@ -83,7 +83,17 @@ final class ProtobufSchemaDecoder extends CompiledSchema {
         return ProtoFiles.build(ProtoFiles.parseSchema(name, s.schema()), imports);
     }
 
-    /** The message the indexes name (top-level message, then nested messages by position), or null. */
+    /**
+     * The message the indexes name (top-level message, then nested messages by position), or null.
+     *
+     * <p>Positions are those of the descriptor's nested types, and the two ways a schema is registered give the
+     * two ecosystems' positions. A base64 {@code FileDescriptorProto} (what Confluent's Python, Go and .NET
+     * serializers register) keeps protoc's order, where a map field's synthetic {@code XxxEntry} message sits
+     * among the declared ones, as those clients count. A {@code .proto} text (what the Java serializer and most
+     * registries' UIs register) is built by {@link ProtoFiles} with the declared messages first and the map entries
+     * after them, so the declared messages' positions are the ones the Java serializer counts (it walks the
+     * declared messages only).
+     */
     Descriptor message(int[] indexes) {
         List<Descriptor> level = file.getMessageTypes();
         Descriptor d = null;
