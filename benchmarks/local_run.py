@@ -759,7 +759,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "work_dir": str(work),
     }
-    stack = LocalStack(config, with_sql_endpoint=True, product=True)
+    # As `kdq run` builds it (kdq.cli): the shipped rules judge the demo's Avro and Protobuf topics through the registry.
+    stack = LocalStack(config, with_sql_endpoint=True, product=True, with_registry=True)
     probes: Probes | None = None
     raw: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()

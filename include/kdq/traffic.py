@@ -626,8 +626,18 @@ def ensure_topics(config: Config, spec: TrafficSpec, timeout: float = 30.0) -> d
             except KafkaException as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise
-    metadata = admin.list_topics(timeout=timeout).topics
-    return {topic: min(spec.partitions, len(metadata[topic].partitions)) for topic, _ in spec.topics}
+    # A topic just created may be missing from the next metadata answer (the broker serving it learns of the topic
+    # a moment later): asked again until every topic is there with its partitions, within ``timeout``.
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = admin.list_topics(timeout=timeout).topics
+        missing = [t for t, _ in spec.topics if t not in metadata or not metadata[t].partitions]
+        if not missing:
+            return {topic: min(spec.partitions, len(metadata[topic].partitions)) for topic, _ in spec.topics}
+        if time.monotonic() >= deadline:
+            raise KafkaException(f"topics {', '.join(missing)} are not in the brokers' metadata {timeout:.0f} s after "
+                                 "their creation")
+        time.sleep(0.2)
 
 
 def register_schemas(config: Config, spec: TrafficSpec, attempts: int = 5) -> dict[str, int]:
