@@ -286,3 +286,68 @@ def incident_row(incident: Incident, sample: str | None = None) -> dict[str, obj
         "opened_at": ts(i.opened_at_ms), "last_seen_at": ts(i.last_seen_at_ms), "updated_at": ts(i.updated_at_ms),
         "version": i.version, "sample": sample,
     }
+
+
+def incident_from_row(row: dict[str, object]) -> Incident:
+    """The inverse of :func:`incident_row`: a stored ``kdq.incidents`` row back as an :class:`Incident`."""
+
+    def ms(value: object) -> int | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return int(round(moment.timestamp() * 1000))
+
+    def minute(value: object) -> int | None:
+        at = ms(value)
+        return None if at is None else at // MINUTE_MS
+
+    first, last = minute(row["first_window"]), minute(row["last_window"])
+    start = minute(row["window_start"])
+    assert first is not None and last is not None and start is not None
+    return Incident(
+        key=str(row["incident_key"]), topic=str(row["topic"]), expectation=str(row["expectation"]),
+        status=str(row["status"]), first_minute=first, last_minute=last, period_minutes=first - start + 1,
+        worst_value=float(row["worst_value"]), threshold=float(row["threshold"]),  # type: ignore[arg-type]
+        level=int(row["level"]), final=bool(row["final"]), resolved_minute=minute(row["resolved_window"]),  # type: ignore[call-overload]
+        opened_at_ms=ms(row["opened_at"]) or 0, last_seen_at_ms=ms(row["last_seen_at"]) or 0,
+        updated_at_ms=ms(row["updated_at"]) or 0, version=int(row["version"]),  # type: ignore[call-overload]
+    )
+
+
+def evaluation_floor(stored: Iterable[Incident], horizon_first_minute: int) -> int:
+    """The first minute a stateless run must re-evaluate: ``horizon_first_minute``, moved back to the first
+    minute of every incident that is open or reaches past it (the prune rule of :func:`prune`), so that no
+    stored incident is re-derived from part of its minutes (it would look moved, or retracted)."""
+    live = [i for i in stored if i.status != RETRACTED]
+    cut, changed = horizon_first_minute, True
+    while changed:
+        changed = False
+        for i in live:
+            if (i.status == OPEN or i.last_minute >= cut) and i.first_minute < cut:
+                cut, changed = i.first_minute, True
+    return cut
+
+
+def state_from_incidents(stored: Iterable[Incident], floor_minute: int, measured_now: Iterable[Series] = ()) -> IncidentState:
+    """The state of a run that keeps no verdicts between runs: the stored incidents, every series settled
+    before ``floor_minute`` (:func:`evaluation_floor`; the run re-evaluates every minute from there).
+
+    The series of ``measured_now`` (the stream's latency and lag, unruled topics) get one verdict per run, at
+    the run's minute, so their past cannot be re-evaluated: their incidents' minutes are seeded back as
+    violated (at the worst value, final) with the clear minute that resolved them; the run's verdict extends,
+    clears or resolves them."""
+    incidents = {i.key: i for i in stored}
+    now_series = set(measured_now)
+    points: dict[Series, dict[int, _Point]] = {}
+    floors: dict[Series, int] = {}
+    for i in incidents.values():
+        series = (i.topic, i.expectation)
+        floors[series] = floor_minute
+        if series in now_series and i.status != RETRACTED:
+            seeded = points.setdefault(series, {})
+            for m in range(i.first_minute, i.last_minute + 1):
+                seeded[m] = _Point(True, i.worst_value, True, 0)
+            if i.resolved_minute is not None:  # and the clear verdict that resolved it
+                seeded[i.resolved_minute] = _Point(False, None, True, 0)
+    return IncidentState(incidents, points, {}, floors)

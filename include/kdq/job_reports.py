@@ -278,3 +278,28 @@ class StreamReport(JobReport):
 @dataclass(kw_only=True)
 class EndpointReport(JobReport):
     """``sql_endpoint`` after SIGTERM: both servers stopped."""
+
+
+@dataclass(kw_only=True)
+class ExpectationsReport(JobReport):
+    """``spark_jobs/evaluate_expectations.py`` (issue 27): one evaluation of the expectations.
+
+    ``first_minute``/``last_minute``: the minutes judged (ISO UTC); ``counts_version``: the ``window_counts``
+    version read; ``incidents_changed``: rows written to ``kdq.incidents``; ``notifications``: the first 100 the
+    run produced (id, event, topic, expectation, status, worst_value), ``notifications_total`` all of them
+    (a re-run on the same counts produces none); ``delivery``: what the notifier did (``null`` without
+    ``--deliver``): per channel sent / failed / skipped_already_sent, and ``errors`` (first 20). A failing
+    channel does not make ``ok`` false: the evaluation is committed and the next run delivers again.
+    """
+
+    now_ms: int = 0
+    first_minute: str = ""
+    last_minute: str = ""
+    counts_version: int | None = None
+    verdicts: int = 0
+    violated: int = 0
+    incidents_changed: int = 0
+    open_incidents: int | None = None
+    notifications_total: int = 0
+    notifications: list[dict] = field(default_factory=list)
+    delivery: dict[str, Any] | None = None

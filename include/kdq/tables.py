@@ -225,8 +225,8 @@ SUMMARY_CORRECTIONS = TableSpec(
     comment="Every change the batch layer made to summaries (statistics before and after as JSON).",
 )
 
-# Expectations and incidents (issue 27: kdq.expectations, kdq.incidents). Defined, not created yet: it joins
-# ALL_TABLES when the stream writes it (one row per incident, MERGEd on incident_key guarded by version).
+# Expectations and incidents (issue 27: kdq.expectations, kdq.incidents), written by spark_jobs/evaluate_expectations.py:
+# one row per incident, MERGEd on incident_key guarded by version (kdq.spark.expectations).
 INCIDENTS = TableSpec(
     name="incidents",
     columns=(
@@ -252,6 +252,36 @@ INCIDENTS = TableSpec(
     comment="One row per incident of an expectation (kdq.incidents), updated in place, versioned.",
 )
 
+INCIDENT_NOTIFICATIONS = TableSpec(
+    name="incident_notifications",
+    columns=(
+        ("notification_id", "STRING"),  # <incident_key>#v<version>:<event> (kdq.incidents.Notification.id)
+        ("incident_key", "STRING"),
+        ("version", "BIGINT"),
+        ("event", "STRING"),  # open | worsen | resolve | amend | retract
+        ("topic", "STRING"),
+        ("expectation", "STRING"),
+        ("payload", "STRING"),  # the incident row as of this change, JSON (what every channel sends)
+        ("created_at", "TIMESTAMP"),
+    ),
+    # The outbox: inserted once per id (a re-run derives the same ids), before the incident rows that caused
+    # them, so a crash between the two re-derives and re-inserts nothing new.
+    comment="Notifications of incident changes, one row per notification id (the notifier's outbox).",
+)
+
+INCIDENT_DELIVERIES = TableSpec(
+    name="incident_deliveries",
+    columns=(
+        ("notification_id", "STRING"),
+        ("channel", "STRING"),  # the channel's name (kdq.notify)
+        ("sent_at", "TIMESTAMP"),
+        ("attempts", "INT"),  # tries of the run that delivered it
+    ),
+    comment="Which notification each channel has delivered (one row per id and channel): sent once.",
+)
+
+INCIDENT_TABLES: tuple[TableSpec, ...] = (INCIDENTS, INCIDENT_NOTIFICATIONS, INCIDENT_DELIVERIES)
+
 SUMMARY_TABLES: tuple[TableSpec, ...] = (SUMMARIES, SUMMARY_LATE_WINDOWS, SUMMARY_CORRECTIONS)
 
 ALL_TABLES: tuple[TableSpec, ...] = (
@@ -261,4 +291,5 @@ ALL_TABLES: tuple[TableSpec, ...] = (
     CORRECTIONS,
     RETIRED_COUNTS,
     *SUMMARY_TABLES,
+    *INCIDENT_TABLES,
 )

@@ -1,0 +1,132 @@
+"""Stateless evaluation runs (kdq.expectation_run): each run starts from the stored incident rows only (through
+their table row form and back), re-evaluates its horizon, and must give what the stateful state machine gives:
+one incident per burst, told once per event; a re-run changes nothing; a late correction opens one past
+incident, once; the stream's latency incident survives runs that only see the current minute."""
+
+from __future__ import annotations
+
+import json
+
+from kdq.expectation_run import (
+    notification_row,
+    run_evaluation,
+    run_window,
+    stream_figures,
+    topic_minutes,
+)
+from kdq.expectations import MINUTE_MS, STREAM_TOPIC, MinuteCounts, StreamFigures, TopicMinutes
+from kdq.expectations_config import parse_expectations
+from kdq.incidents import OPEN, RESOLVED, Incident, IncidentState, incident_from_row, incident_row
+from kdq.tables import INCIDENT_NOTIFICATIONS
+
+M0 = 28_400_000
+LATENESS = 60
+RATIO = parse_expectations({
+    "clear_after_minutes": 10,
+    "invalid_ratio": {"above": 0.05, "over_minutes": 5, "min_records": 20, "worsen_at": [0.3]},
+    "latency": {"above_seconds": 120},
+})
+
+
+def stored_form(rows: dict[str, Incident]) -> list[Incident]:
+    """What a run reads back: each incident through its kdq.incidents row."""
+    return [incident_from_row(incident_row(i)) for i in rows.values()]
+
+
+class Table:
+    """The incidents table and the notification outbox as the job keeps them (MERGE guarded by version,
+    insert-once by notification id)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Incident] = {}
+        self.outbox: dict[str, dict] = {}
+
+    def run(self, counts: dict[int, MinuteCounts], n: int, *, horizon: int = 180, as_of: int = 0,
+            stream: list[StreamFigures] = ()) -> list[str]:
+        now = (M0 + n + 1) * MINUTE_MS + 1000
+        stored = stored_form(self.rows)
+        window = run_window(RATIO, stored, now, horizon)
+        known = {M0 + m: c for m, c in counts.items() if m <= n}
+        result = run_evaluation(RATIO, stored, window, [TopicMinutes("orders", known, max_event_ms=now)],
+                                now_ms=now, as_of=as_of, allowed_lateness_seconds=LATENESS, stream=stream)
+        new_ids = []
+        for note in result.notifications:
+            if note.id not in self.outbox:
+                self.outbox[note.id] = notification_row(note, now)
+                new_ids.append(note.id)
+        for incident in result.changed:
+            old = self.rows.get(incident.key)
+            if old is None or incident.version > old.version:
+                self.rows[incident.key] = incident
+        return new_ids
+
+
+def burst() -> dict[int, MinuteCounts]:
+    counts = {m: MinuteCounts(valid=100) for m in range(0, 60)}
+    counts[20] = MinuteCounts(valid=100, invalid=60)
+    counts[22] = MinuteCounts(valid=100, invalid=400)
+    return counts
+
+
+def test_stateless_runs_open_worsen_resolve_once_and_a_rerun_changes_nothing() -> None:
+    table, counts = Table(), burst()
+    events = []
+    for n in range(5, 60):
+        events += table.run(counts, n)
+        before = dict(table.rows)
+        assert table.run(counts, n) == [] and table.rows == before  # the same inputs again: nothing
+    key = "orders|invalid_ratio|2023-12-31T05:40Z"
+    assert [e.split("#")[0] for e in events] == [key] * 3
+    assert [e.rsplit(":", 1)[1] for e in events] == ["open", "worsen", "resolve"]
+    (incident,) = table.rows.values()
+    assert (incident.status, incident.first_minute, incident.last_minute, incident.resolved_minute) == (
+        RESOLVED, M0 + 20, M0 + 26, M0 + 36)
+    assert incident.level == 1 and abs(incident.worst_value - 460 / 960) < 1e-12
+
+
+def test_a_late_correction_inside_the_horizon_opens_one_past_incident_once() -> None:
+    table, counts = Table(), {m: MinuteCounts(valid=100) for m in range(0, 80)}
+    for n in range(5, 70):
+        assert table.run(counts, n) == []
+    counts[12] = MinuteCounts(valid=100, invalid=80)  # the batch layer's correction of a minute an hour back
+    first = table.run(counts, 70)
+    assert [e.rsplit(":", 1)[1] for e in first] == ["open", "resolve"]
+    assert table.run(counts, 70) == [] and table.run(counts, 71) == []
+    (incident,) = table.rows.values()
+    assert (incident.key, incident.final) == ("orders|invalid_ratio|2023-12-31T05:32Z", True)
+
+
+def test_an_open_incident_older_than_the_horizon_is_still_re_derived_whole() -> None:
+    table, counts = Table(), {m: MinuteCounts(valid=100, invalid=50) for m in range(0, 40)}  # bad throughout
+    for n in range(5, 40):
+        table.run(counts, n, horizon=3)
+    (incident,) = table.rows.values()
+    assert incident.status == OPEN and incident.first_minute == M0 + 4 and incident.version > 1  # the first run's first minute
+    assert len(table.outbox) == 1  # one open, never retracted or moved by the short horizon
+
+
+def test_the_stream_latency_incident_persists_across_runs_that_see_one_minute() -> None:
+    table, counts = Table(), {m: MinuteCounts(valid=100) for m in range(0, 60)}
+    for n in range(5, 40):
+        latency = 300.0 if 10 <= n < 15 else 5.0
+        table.run(counts, n, stream=[StreamFigures(M0 + n, latency_seconds=latency)])
+    (incident,) = [i for i in table.rows.values() if i.topic == STREAM_TOPIC]
+    assert (incident.status, incident.first_minute, incident.last_minute) == (RESOLVED, M0 + 10, M0 + 14)
+    assert [i.rsplit(":", 1)[1] for i in table.outbox] == ["open", "resolve"]
+
+
+def test_rows_readers_and_outbox_rows() -> None:
+    state = IncidentState()
+    topics = topic_minutes(
+        [{"topic": "t", "minute": 5, "valid": 3, "invalid": 1, "max_window_ms": 5 * MINUTE_MS + 59_000}],
+        [{"topic": "t", "minute": 5, "reason": "not_json", "count": 1}], state)
+    assert topics == [TopicMinutes("t", {5: MinuteCounts(3, 1, {"not_json": 1})}, max_event_ms=5 * MINUTE_MS + 59_000)]
+    figures = stream_figures({"timestamp": "2023-12-31T05:20:30.000Z", "end_to_end_latency_ms": {"oldest": 4000},
+                              "consumer_lag": {"a": 3, "b": 4}})
+    assert figures == [StreamFigures(M0, latency_seconds=4.0, lag_records=7)]
+    assert stream_figures(None) == []
+    table = Table()
+    table.run(burst(), 21)
+    (row,) = table.outbox.values()
+    assert set(row) == set(INCIDENT_NOTIFICATIONS.column_names)
+    assert json.loads(row["payload"])["status"] == "open"
