@@ -146,9 +146,9 @@ def run_evaluation(
                      len(new_state.open_incidents()), as_of)
 
 
-def notification_row(note: Notification, created_ms: int) -> dict[str, object]:
+def notification_row(note: Notification, created_ms: int, sample: str | None = None) -> dict[str, object]:
     """A row of :data:`kdq.tables.INCIDENT_NOTIFICATIONS`: the outbox the notifier reads."""
-    row = incident_row(note.incident)
+    row = incident_row(note.incident, sample)
     payload = {
         "id": note.id, "event": note.event,
         **{k: (v.isoformat().replace("+00:00", "Z") if isinstance(v, datetime) else v) for k, v in row.items()},

@@ -42,7 +42,7 @@ class Table:
         self.outbox: dict[str, dict] = {}
 
     def run(self, counts: dict[int, MinuteCounts], n: int, *, horizon: int = 180, as_of: int = 0,
-            stream: list[StreamFigures] = ()) -> list[str]:
+            stream: list[StreamFigures] = (), die_after_outbox: bool = False) -> list[str]:
         now = (M0 + n + 1) * MINUTE_MS + 1000
         stored = stored_form(self.rows)
         window = run_window(RATIO, stored, now, horizon)
@@ -54,6 +54,8 @@ class Table:
             if note.id not in self.outbox:
                 self.outbox[note.id] = notification_row(note, now)
                 new_ids.append(note.id)
+        if die_after_outbox:  # the job died between its two commits
+            return new_ids
         for incident in result.changed:
             old = self.rows.get(incident.key)
             if old is None or incident.version > old.version:
@@ -82,6 +84,17 @@ def test_stateless_runs_open_worsen_resolve_once_and_a_rerun_changes_nothing() -
     assert (incident.status, incident.first_minute, incident.last_minute, incident.resolved_minute) == (
         RESOLVED, M0 + 20, M0 + 26, M0 + 36)
     assert incident.level == 1 and abs(incident.worst_value - 460 / 960) < 1e-12
+
+
+def test_a_run_that_dies_between_the_outbox_and_the_incidents_is_completed_by_the_next_without_repeats() -> None:
+    table, counts = Table(), burst()
+    for n in range(5, 20):
+        table.run(counts, n)
+    told = table.run(counts, 20, die_after_outbox=True)
+    assert [e.rsplit(":", 1)[1] for e in told] == ["open"] and table.rows == {}
+    assert table.run(counts, 20) == []  # the same change derived again: its notification is already out
+    (incident,) = table.rows.values()
+    assert incident.version == 1 and f"{incident.key}#v1:open" in table.outbox
 
 
 def test_a_late_correction_inside_the_horizon_opens_one_past_incident_once() -> None:
