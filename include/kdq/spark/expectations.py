@@ -1,0 +1,234 @@
+"""The expectations' evaluation run on Spark (issue 27): read counts and incidents, decide (kdq.expectation_run),
+write the changed rows, deliver the notifications (kdq.notify).
+
+Reads: ``window_counts`` at one Delta version (its version is the run's ``as_of``: the newest counts win, and a
+re-run on the same version derives the same rows), the ``invalid_reasons`` increments, the stream's last
+progress, the stored ``kdq.incidents`` rows. Writes, in this order:
+
+1. the notifications into the outbox ``kdq.incident_notifications``, inserted once per id;
+2. the changed incident rows into ``kdq.incidents``, a MERGE on ``incident_key`` that updates a row only with a
+   higher ``version`` (a stale run that lost a race writes nothing over a newer row).
+
+Outbox first: a run that dies between the two leaves the incidents as they were, so the next run derives the
+same changes, the same notification ids, and the insert-once skips them; the other order would lose the
+notifications of a change already stored (the next run would find nothing changed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from kdq.config import Config
+from kdq.expectation_run import (
+    DEFAULT_HORIZON_MINUTES,
+    RunResult,
+    notification_row,
+    run_evaluation,
+    run_window,
+    stream_figures,
+)
+from kdq.expectations import MINUTE_MS
+from kdq.incidents import Incident, incident_from_row, incident_row
+from kdq.job_reports import ExpectationsReport
+from kdq.rules import load_rules
+from kdq.spark.tables import table_path
+from kdq.spark.writers import delta_snapshot, retry_on_conflict
+from kdq.stream_state import stream_status
+from kdq.tables import INCIDENT_NOTIFICATIONS, INCIDENTS, INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
+from kdq.windows import range_hours
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+SAMPLE_VALUES = 3  # invalid records kept with an incident (its `sample` column)
+_TIMESTAMP_COLUMNS = tuple(name for name, sql_type in INCIDENTS.columns if sql_type == "TIMESTAMP")
+
+
+# --- readers: DataFrame in, plain rows out (no side effects) -----------------------------------------------
+
+
+def minute_counts(window_counts: DataFrame, from_ms: int) -> list[dict[str, Any]]:
+    """Per (topic, epoch minute): valid and invalid records and the newest counted window's start (ms)."""
+    from pyspark.sql import functions as F
+
+    start = F.unix_millis("window_start")
+    rows = (
+        window_counts.where(start >= F.lit(int(from_ms)))
+        .groupBy("topic", F.floor(start / MINUTE_MS).cast("long").alias("minute"))
+        .agg(
+            F.sum(F.when(F.col("status") == "valid", F.col("count")).otherwise(0)).alias("valid"),
+            F.sum(F.when(F.col("status") == "invalid", F.col("count")).otherwise(0)).alias("invalid"),
+            F.max(start).alias("max_window_ms"),
+        )
+        .collect()
+    )
+    return [r.asDict() for r in rows]
+
+
+def minute_reasons(invalid_reasons: DataFrame, from_ms: int) -> list[dict[str, Any]]:
+    """Per (topic, epoch minute, reason): invalid records. The increments' windows are
+    ``stream.reasons_window_seconds`` long (a minute by default): a longer one counts in its first minute."""
+    from pyspark.sql import functions as F
+
+    start = F.unix_millis("window_start")
+    rows = (
+        invalid_reasons.where(start >= F.lit(int(from_ms)))
+        .groupBy("topic", F.floor(start / MINUTE_MS).cast("long").alias("minute"), "reason")
+        .agg(F.sum("count").alias("count"))
+        .where(F.col("count") != 0)
+        .collect()
+    )
+    return [r.asDict() for r in rows]
+
+
+def invalid_sample(archive: DataFrame, incident: Incident, limit: int = SAMPLE_VALUES) -> str | None:
+    """The first ``limit`` invalid records (by partition, offset) behind an incident of a check on invalid records,
+    as JSON ``[{partition, offset, reason, value}]`` (value: its first 200 characters); None for other checks or
+    when the archive has none. Reads only the archive's ``event_hour`` partitions of the incident's windows."""
+    from pyspark.sql import functions as F
+
+    name = incident.expectation
+    if name not in ("invalid_ratio", "anomaly:invalid_ratio") and not name.startswith(("reason_count:", "reason_share:")):
+        return None
+    start, end = incident.window_start_ms, incident.window_end_ms
+    rows = archive.where(F.col("event_hour").isin(range_hours(start, end))).where(
+        (F.col("topic") == incident.topic) & ~F.col("valid")
+        & F.unix_millis("window_start").between(start, end - 1)
+    )
+    if name.startswith(("reason_count:", "reason_share:")):
+        reason = name.split(":", 1)[1]
+        rows = rows.where((F.col("reason") == reason) | F.col("reason").startswith(reason + "/"))
+    picked = (
+        rows.orderBy("partition", "offset")
+        .select("partition", "offset", "reason", F.substring(F.col("value").cast("string"), 1, 200).alias("value"))
+        .limit(limit)
+        .collect()
+    )
+    return json.dumps([r.asDict() for r in picked]) if picked else None
+
+
+def stored_incidents(incidents: DataFrame) -> list[Incident]:
+    """Every stored incident. Timestamps are read as epoch millis: a collected TIMESTAMP is a naive datetime in
+    the Python process's zone, not UTC."""
+    from pyspark.sql import functions as F
+
+    columns = [F.unix_millis(c).alias(c) if c in _TIMESTAMP_COLUMNS else F.col(c) for c in INCIDENTS.column_names]
+    out = []
+    for row in incidents.select(*columns).collect():
+        values = row.asDict()
+        for c in _TIMESTAMP_COLUMNS:
+            if values[c] is not None:
+                values[c] = datetime.fromtimestamp(values[c] / 1000, tz=UTC)
+        out.append(incident_from_row(values))
+    return out
+
+
+# --- writers: one side effect each ------------------------------------------------------------------------
+
+
+def insert_notifications(spark: SparkSession, config: Config, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert outbox rows whose ``notification_id`` is not there yet (a re-run inserts nothing)."""
+    if not rows:
+        return
+    from delta.tables import DeltaTable
+
+    source = spark.createDataFrame([tuple(r[c] for c in INCIDENT_NOTIFICATIONS.column_names) for r in rows],
+                                   INCIDENT_NOTIFICATIONS.ddl_columns)
+    target = DeltaTable.forPath(spark, table_path(config, INCIDENT_NOTIFICATIONS))
+    retry_on_conflict(
+        lambda: target.alias("t").merge(source.alias("s"), "t.notification_id = s.notification_id")
+        .whenNotMatchedInsertAll().execute(),
+        "incident_notifications",
+    )
+
+
+def merge_incidents(spark: SparkSession, config: Config, rows: Sequence[dict[str, Any]]) -> None:
+    """Upsert incident rows on ``incident_key``; a stored row is replaced only by a higher ``version``."""
+    updates = {c: f"s.`{c}`" for c in INCIDENTS.column_names if c != "sample"}
+    updates["sample"] = "coalesce(s.sample, t.sample)"
+    if not rows:
+        return
+    from delta.tables import DeltaTable
+
+    source = spark.createDataFrame([tuple(r[c] for c in INCIDENTS.column_names) for r in rows],
+                                   INCIDENTS.ddl_columns)
+    target = DeltaTable.forPath(spark, table_path(config, INCIDENTS))
+    retry_on_conflict(
+        lambda: target.alias("t").merge(source.alias("s"), "t.incident_key = s.incident_key")
+        # The sample is taken when the incident opens; later versions keep it.
+        .whenMatchedUpdate(condition="s.version > t.version", set=updates)
+        .whenNotMatchedInsertAll().execute(),
+        "incidents",
+    )
+
+
+# --- the run ------------------------------------------------------------------------------------------------
+
+
+def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
+                 horizon_minutes: int = DEFAULT_HORIZON_MINUTES) -> RunResult:
+    """Read, evaluate, write; the run's result (changed rows and notifications). No delivery here."""
+    rules = load_rules(config.rules_dir)
+    expectations = rules.expectations
+    counts_path = table_path(config, WINDOW_COUNTS)
+    counts_version = int(delta_snapshot(spark, counts_path).version())
+    stored = stored_incidents(spark.read.format("delta").load(table_path(config, INCIDENTS)))
+    window = run_window(expectations, stored, now_ms, horizon_minutes)
+    from_ms = window.read_from_minute * MINUTE_MS
+    window_counts = spark.read.format("delta").option("versionAsOf", counts_version).load(counts_path)
+    counts = minute_counts(window_counts, from_ms)
+    reasons = minute_reasons(spark.read.format("delta").load(table_path(config, INVALID_REASONS)), from_ms)
+    topics_seen = sorted({str(r["topic"]) for r in counts})
+    result = run_evaluation(
+        expectations, stored, window, None, now_ms=now_ms, as_of=counts_version,
+        allowed_lateness_seconds=config.stream.allowed_lateness_seconds,
+        stream=stream_figures(stream_status(config)["progress"]),
+        has_rule={t: rules.rule_for(t) is not None for t in topics_seen},
+        counts=counts, reasons=reasons,
+    )
+    opened = {n.incident.key for n in result.notifications if n.event == "open"}
+    archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
+    samples = {i.key: invalid_sample(archive, i) for i in result.changed if i.key in opened}
+    insert_notifications(spark, config, [notification_row(n, now_ms, samples.get(n.incident.key))
+                                         for n in result.notifications])
+    merge_incidents(spark, config, [incident_row(i, samples.get(i.key)) for i in result.changed])
+    log.info("expectations: minutes %d..%d at window_counts v%d: %d verdicts, %d violated, %d rows changed, "
+             "%d notifications", window.first_minute, window.last_minute, counts_version, result.verdicts,
+             result.violated, len(result.changed), len(result.notifications))
+    return result
+
+
+def evaluate_expectations(spark: SparkSession, config: Config, now_ms: int,
+                          horizon_minutes: int = DEFAULT_HORIZON_MINUTES, deliver: bool = False) -> ExpectationsReport:
+    """The job: evaluate and write, then (``deliver``) send what is pending; a failing channel is reported,
+    never a failed run (the evaluation is committed, the next run delivers again)."""
+    result = evaluate_run(spark, config, now_ms, horizon_minutes)
+    report = ExpectationsReport(
+        now_ms=now_ms,
+        first_minute=datetime.fromtimestamp(result.window.first_minute * 60, tz=UTC).isoformat(),
+        last_minute=datetime.fromtimestamp(result.window.last_minute * 60, tz=UTC).isoformat(),
+        counts_version=result.counts_version,
+        verdicts=result.verdicts,
+        violated=result.violated,
+        incidents_changed=len(result.changed),
+        open_incidents=result.open_incidents,
+        notifications_total=len(result.notifications),
+        notifications=[{"id": n.id, "event": n.event, "topic": n.incident.topic,
+                        "expectation": n.incident.expectation, "status": n.incident.status,
+                        "worst_value": n.incident.worst_value} for n in result.notifications[:100]],
+    )
+    if deliver:
+        from kdq.spark.notify import deliver_pending
+
+        try:
+            report.delivery = deliver_pending(spark, config, now_ms)
+        except Exception as exc:  # e.g. a malformed channel setting: the evaluation is committed, the next run retries
+            log.exception("notifications not delivered")
+            report.delivery = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return report

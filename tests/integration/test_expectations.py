@@ -1,0 +1,232 @@
+"""Issue 27: expectations on real Delta tables, incidents in ``kdq.incidents``, notifications by real SMTP and HTTP.
+
+Counts are committed with the stream's own writer (:func:`kdq.spark.writers.merge_window_increments`), the
+evaluation job runs in-process (``spark_jobs/evaluate_expectations.run``, its time pinned with ``--now``), and
+its notifications go to an SMTP server and an HTTP webhook receiver started here. A burst of invalid records
+opens one incident and one message per channel; more worsen it; normal traffic resolves it; a re-run with the
+same inputs writes and sends nothing; a late correction that pushes a past window over the threshold opens one
+incident for that window, once; a channel that fails once is retried, a dead one never fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import socketserver
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+from spark_jobs import evaluate_expectations
+
+from kdq.notify import CHANNELS_ENV, WebhookChannel
+from kdq.spark.notify import deliver_pending
+from kdq.spark.tables import ensure_tables, table_path
+from kdq.spark.writers import append_archive, delta_snapshot, merge_window_increments
+from kdq.tables import INCIDENT_DELIVERIES, INCIDENTS, RAW_ARCHIVE
+from kdq.windows import event_hour
+from tests.conftest import make_config
+
+pytestmark = pytest.mark.integration
+
+BASE_MS = int(dt.datetime(2026, 11, 20, 10, 0, tzinfo=dt.UTC).timestamp() * 1000)  # minute 0 of the traffic
+MINUTE_MS = 60_000
+TOPICS_TOML = """
+[expectations]
+clear_after_minutes = 10
+invalid_ratio = { above = 0.05, over_minutes = 5, min_records = 20, worsen_at = [0.3] }
+"""
+
+
+class SmtpReceiver(socketserver.ThreadingTCPServer):
+    """Just enough of an SMTP server (RFC 5321's commands smtplib sends) to receive whole messages."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        super().__init__(("127.0.0.1", 0), _SmtpSession)
+
+
+class _SmtpSession(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        def reply(text: str) -> None:
+            self.wfile.write(f"{text}\r\n".encode())
+
+        reply("220 kdq-test ESMTP")
+        while line := self.rfile.readline():
+            command = line.decode().strip().upper()
+            if command.startswith(("EHLO", "HELO")):
+                reply("250 kdq-test")
+            elif command == "DATA":
+                reply("354 end with <CRLF>.<CRLF>")
+                data = []
+                while (body := self.rfile.readline()) not in (b".\r\n", b""):
+                    data.append(body.decode())
+                self.server.messages.append("".join(data))  # type: ignore[attr-defined]
+                reply("250 queued")
+            elif command == "QUIT":
+                reply("221 bye")
+                return
+            else:  # MAIL FROM, RCPT TO, RSET, NOOP
+                reply("250 ok")
+
+
+class WebhookReceiver(ThreadingHTTPServer):
+    def __init__(self, fail_first: int = 0) -> None:
+        self.bodies: list[dict] = []
+        self.keys: list[str] = []
+        self.fail_first = fail_first
+        super().__init__(("127.0.0.1", 0), _WebhookHandler)
+
+
+class _WebhookHandler(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        server: WebhookReceiver = self.server  # type: ignore[assignment]
+        if server.fail_first > 0:
+            server.fail_first -= 1
+            self.send_response(503)
+        else:
+            server.bodies.append(json.loads(body))
+            server.keys.append(self.headers["Idempotency-Key"])
+            self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def receivers():
+    smtp, hook = SmtpReceiver(), WebhookReceiver(fail_first=1)
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (smtp, hook)]
+    for t in threads:
+        t.start()
+    try:
+        yield smtp, hook
+    finally:
+        for s in (smtp, hook):
+            s.shutdown()
+            s.server_close()
+
+
+class Traffic:
+    """The stream's MERGE of per-minute counts (one window per minute, at its first second)."""
+
+    def __init__(self, spark, config) -> None:
+        self.spark, self.config, self.version = spark, config, 0
+
+    def add(self, minutes: range | list[int], valid: int = 100, invalid: int = 0, by: str = "stream") -> None:
+        rows = [{"topic": "orders", "window_start_ms": BASE_MS + m * MINUTE_MS, "status": status, "count": n,
+                 "rules_version": "r1"} for m in minutes for status, n in (("valid", valid), ("invalid", invalid)) if n]
+        self.version += 1
+        merge_window_increments(self.spark, rows, self.config, "test-expectations", self.version, updated_by=by)
+
+
+    def archive_invalid(self, minute: int, values: list[bytes], first_offset: int) -> None:
+        """Archive rows of invalid records (where an incident's sample comes from)."""
+        at = dt.datetime.fromtimestamp((BASE_MS + minute * MINUTE_MS) / 1000, tz=dt.UTC)
+        rows = [("orders", 0, first_offset + i, at, at, at, None, v, at, False, "not_json", True, "r1", None, None,
+                 event_hour(BASE_MS + minute * MINUTE_MS)) for i, v in enumerate(values)]
+        self.version += 1
+        df = self.spark.createDataFrame(rows, RAW_ARCHIVE.ddl_columns)
+        append_archive(df, self.config, "test-expectations-archive", self.version, 0, "stream")
+
+
+def evaluate(spark, config, after_minute: int) -> dict:
+    """The job at just after ``after_minute`` ended, delivering; its printed report."""
+    now = BASE_MS + (after_minute + 1) * MINUTE_MS + 1000
+    args = argparse.Namespace(now_ms=now, horizon_minutes=180, deliver=True)
+    report = evaluate_expectations.run(spark, config, args).to_dict()
+    assert report["ok"], report
+    return report
+
+
+def incidents(spark, config) -> list:
+    return spark.read.format("delta").load(table_path(config, INCIDENTS)).orderBy("incident_key").collect()
+
+
+def test_incidents_open_worsen_resolve_and_notify_once(spark, tmp_path: Path, receivers, monkeypatch) -> None:
+    smtp, hook = receivers
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "topics.toml").write_text(TOPICS_TOML)
+    config = make_config(tmp_path, paths={"rules_dir": str(rules)}, spark={"master": "local[2]", "shuffle_partitions": 2})
+    monkeypatch.setenv(CHANNELS_ENV, json.dumps([
+        {"name": "mail", "kind": "smtp", "host": "127.0.0.1", "port": smtp.server_address[1], "from": "kdq@test",
+         "to": ["team@test"], "ssl": False, "starttls": False},
+        {"name": "hook", "kind": "webhook", "url": f"http://127.0.0.1:{hook.server_address[1]}/kdq"},
+    ]))
+    ensure_tables(spark, config)
+    traffic = Traffic(spark, config)
+
+    traffic.add(range(0, 20))
+    quiet = evaluate(spark, config, 19)
+    assert quiet["notifications_total"] == 0 and incidents(spark, config) == []
+
+    # A burst: 60 invalid of 560 records over minutes 16..20 (> 5 %): one incident, one message per channel.
+    traffic.add([20], invalid=60)
+    traffic.archive_invalid(20, [b"{a fourth one"], first_offset=3000)
+    traffic.archive_invalid(20, [b"{not json", b"\xff\xfe", b"{also not json"], first_offset=2000)
+    opened = evaluate(spark, config, 20)
+    assert [n["event"] for n in opened["notifications"]] == ["open"], opened
+    key = "orders|invalid_ratio|2026-11-20T10:20Z"
+    assert opened["notifications"][0]["id"].startswith(key)
+    assert opened["delivery"]["sent"] == {"mail": 1, "hook": 1}, opened["delivery"]
+    assert len(opened["delivery"]["errors"]) == 1 and "HTTP 503" in opened["delivery"]["errors"][0]  # retried
+    (row,) = incidents(spark, config)
+    assert (row["incident_key"], row["status"], row["level"], row["version"]) == (key, "open", 0, 1)
+    sample = json.loads(row["sample"])  # the first three invalid records by (partition, offset)
+    assert [(s["offset"], s["reason"]) for s in sample] == [(2000, "not_json"), (2001, "not_json"), (2002, "not_json")]
+    assert sample[0]["value"] == "{not json"
+    assert len(smtp.messages) == 1 and "Subject: [kdq] open: orders invalid_ratio (open)" in smtp.messages[0]
+    assert [b["event"] for b in hook.bodies] == ["open"] and hook.keys == [opened["notifications"][0]["id"]]
+
+    # The same inputs again: no row version, no outbox row, no message.
+    incidents_version = delta_snapshot(spark, table_path(config, INCIDENTS)).version()
+    again = evaluate(spark, config, 20)
+    assert again["notifications_total"] == 0 and again["incidents_changed"] == 0, again
+    assert delta_snapshot(spark, table_path(config, INCIDENTS)).version() == incidents_version
+    assert len(smtp.messages) == 1 and len(hook.bodies) == 1
+
+    # More invalid records: past the 30 % level, worsened (one more message each).
+    traffic.add([21])
+    traffic.add([22], invalid=400)
+    worse = evaluate(spark, config, 22)
+    assert [n["event"] for n in worse["notifications"]] == ["worsen"], worse
+    assert (incidents(spark, config)[0]["level"], len(smtp.messages), len(hook.bodies)) == (1, 2, 2)
+    assert incidents(spark, config)[0]["sample"] == row["sample"]  # kept by later versions
+
+    # Normal traffic: the condition is clear from minute 27 on, resolved by the final clear minute 36.
+    traffic.add(range(23, 41))
+    resolved = evaluate(spark, config, 40)
+    assert [n["event"] for n in resolved["notifications"]] == ["resolve"], resolved
+    (row,) = incidents(spark, config)
+    assert (row["status"], row["final"], row["last_window"]) == ("resolved", True, dt.datetime(2026, 11, 20, 10, 26))
+    assert [b["event"] for b in hook.bodies] == ["open", "worsen", "resolve"] and len(smtp.messages) == 3
+    assert evaluate(spark, config, 40)["notifications_total"] == 0
+
+    # A late correction (the batch layer) pushes minute 5, long final, over the threshold: one past incident.
+    traffic.add([5], valid=0, invalid=80, by="batch")
+    late = evaluate(spark, config, 41)
+    assert [n["event"] for n in late["notifications"]] == ["open", "resolve"], late
+    assert {n["id"].split("#")[0] for n in late["notifications"]} == {"orders|invalid_ratio|2026-11-20T10:05Z"}
+    for _ in range(2):
+        assert evaluate(spark, config, 41)["notifications_total"] == 0
+    assert [r["status"] for r in incidents(spark, config)] == ["resolved", "resolved"]
+    assert len(smtp.messages) == len(hook.bodies) == 5 and len(set(hook.keys)) == 5
+    deliveries = spark.read.format("delta").load(table_path(config, INCIDENT_DELIVERIES))
+    assert deliveries.count() == 10 and deliveries.groupBy("notification_id", "channel").count().where(
+        F.col("count") > 1).count() == 0
+
+    # A dead channel next to a live one: given up for the run, reported, the live one still has nothing due.
+    dead = WebhookChannel("dead", "http://127.0.0.1:9/none", timeout=1)
+    report = deliver_pending(spark, config, BASE_MS + 42 * MINUTE_MS, channels=[dead], backoff_seconds=0.01)
+    assert report["failed"] == {"dead": 1} and report["deferred"] == {"dead": 4}, report
+    assert "127.0.0.1:9" not in json.dumps(report)  # a webhook's URL (its token) stays out of the report
+    assert len(hook.bodies) == 5 and len(smtp.messages) == 5
