@@ -22,6 +22,10 @@ START_DATE_ENV = "KDQ_AIRFLOW_START_DATE"
 SUPERVISOR_INTERVAL_ENV = "KDQ_AIRFLOW_SUPERVISOR_SECONDS"
 MAINTENANCE_CRON_ENV = "KDQ_AIRFLOW_MAINTENANCE_CRON"
 RECOMPUTE_MINUTES_ENV = "KDQ_AIRFLOW_RECOMPUTE_MINUTES"
+EXPECTATIONS_INTERVAL_ENV = "KDQ_AIRFLOW_EXPECTATIONS_SECONDS"
+NOTIFY_CONNECTIONS_ENV = "KDQ_AIRFLOW_NOTIFY_CONNECTIONS"
+DEFAULT_EXPECTATIONS_INTERVAL = timedelta(minutes=1)
+DEFAULT_NOTIFY_CONNECTIONS = ("kdq_smtp", "kdq_webhook")
 # The daily maintenance's quiet hour (UTC): after midnight's partitions closed, before a working day.
 DEFAULT_MAINTENANCE_CRON = "30 3 * * *"
 DEFAULT_SUPERVISOR_INTERVAL = timedelta(minutes=2)
@@ -125,3 +129,31 @@ def kdq_recompute_timetable():
 
     minutes = kdq_recompute_minutes()
     return CronDataIntervalTimetable("@hourly" if minutes == 60 else f"*/{minutes} * * * *", timezone="UTC")
+
+
+def kdq_expectations_interval(default: timedelta = DEFAULT_EXPECTATIONS_INTERVAL) -> timedelta:
+    """How often the expectations are evaluated: ``$KDQ_AIRFLOW_EXPECTATIONS_SECONDS`` or every minute.
+
+    The interval bounds how late an incident opens after its records were counted (issue 27 asks for within a
+    minute). At least 30 s: each run starts a Spark session, and a shorter interval would queue runs behind
+    each other (the DAG runs one at a time). A malformed value is an import error naming the variable."""
+    value = os.environ.get(EXPECTATIONS_INTERVAL_ENV, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 30:
+        raise ValueError(f"{EXPECTATIONS_INTERVAL_ENV}={value!r}: expected a number of seconds, at least 30")
+    return timedelta(seconds=seconds)
+
+
+def kdq_notify_connections(default: tuple[str, ...] = DEFAULT_NOTIFY_CONNECTIONS) -> tuple[str, ...]:
+    """The Airflow connection ids of the notification channels: ``$KDQ_AIRFLOW_NOTIFY_CONNECTIONS``
+    (comma-separated) or ``kdq_smtp,kdq_webhook``. Only ids here: a connection is looked up when the task runs,
+    never while the DAG file is parsed."""
+    value = os.environ.get(NOTIFY_CONNECTIONS_ENV)
+    if value is None:
+        return default
+    return tuple(c.strip() for c in value.split(",") if c.strip())

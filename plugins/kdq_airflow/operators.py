@@ -121,9 +121,9 @@ class KdqSparkJobOperator(BaseOperator):
         self.log.info("spark job %s %s", self.job, args)
         if self.config_path:
             args = ["--config", self.config_path, *args]
-        self._hook = _report_hook(
-            job=self.job, conn_id=self.conn_id, application_args=args, **submit_settings(config, self.job)
-        )
+        settings = submit_settings(config, self.job)
+        settings["env_vars"] = {**settings["env_vars"], **self.job_env()}
+        self._hook = _report_hook(job=self.job, conn_id=self.conn_id, application_args=args, **settings)
         try:
             self._hook.submit(str(job_path(self.job)))
         except AirflowException:
@@ -131,6 +131,10 @@ class KdqSparkJobOperator(BaseOperator):
         except Exception as exc:  # e.g. spark-submit missing: still a failed task with the reason
             raise AirflowException(f"kdq job {self.job} could not be submitted: {exc}") from exc
         return self._hook.report
+
+    def job_env(self) -> dict[str, str]:
+        """Environment variables for the job beyond kdq's own (a subclass's secrets: never on the command line)."""
+        return {}
 
     def on_kill(self) -> None:
         if self._hook is not None:
@@ -199,3 +203,70 @@ class MaintenanceOperator(KdqSparkJobOperator):
             job_args=[f"--archive-retention-days={int(archive_retention_days)}", f"--vacuum-retain-hours={int(vacuum_retain_hours)}"],
             **kwargs,
         )
+
+
+def _flag(value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def channel_from_connection(conn: Any) -> dict[str, Any]:
+    """A notification channel (:func:`kdq.notify.channels_from_json`) from an Airflow connection, named by its id.
+
+    ``smtp`` (apache-airflow-providers-smtp's type): host, port, login, password; extras ``from_email``,
+    ``disable_ssl`` / ``disable_tls`` (the provider's meaning: SMTPS unless disabled, else STARTTLS unless
+    disabled), ``timeout``, and kdq's ``to`` (an address or a list). ``http`` / ``https``: the URL is the host
+    (with or without its scheme), port and extra ``endpoint``; extra ``headers`` are sent with every POST, and a
+    password without an Authorization header becomes ``Authorization: Bearer <password>``.
+    """
+    extra = conn.extra_dejson or {}
+    kind = (conn.conn_type or "").lower()
+    if kind == "smtp":
+        to = extra.get("to") or []
+        return {
+            "name": conn.conn_id, "kind": "smtp", "host": conn.host, "port": conn.port,
+            "from": extra.get("from_email") or conn.login, "to": [a.strip() for a in to.split(",")] if isinstance(to, str) else to,
+            "login": conn.login, "password": conn.password, "ssl": not _flag(extra.get("disable_ssl"), False),
+            "starttls": not _flag(extra.get("disable_tls"), False), "timeout": float(extra.get("timeout", 10)),
+        }
+    if kind in ("http", "https"):
+        host = conn.host or ""
+        base = host if "://" in host else f"{conn.schema or kind}://{host}"
+        url = f"{base.rstrip('/')}{f':{conn.port}' if conn.port else ''}{extra.get('endpoint', '')}"
+        headers = dict(extra.get("headers") or {})
+        if conn.password and not any(k.lower() == "authorization" for k in headers):
+            headers["Authorization"] = f"Bearer {conn.password}"
+        return {"name": conn.conn_id, "kind": "webhook", "url": url, "headers": headers,
+                "timeout": float(extra.get("timeout", 10))}
+    raise AirflowException(f"connection {conn.conn_id!r}: type {conn.conn_type!r} is no notification channel "
+                           "(smtp, http or https)")
+
+
+class ExpectationsOperator(KdqSparkJobOperator):
+    """``spark_jobs/evaluate_expectations.py --deliver``: evaluate the expectations, update ``kdq.incidents``,
+    and send the pending notifications through the channels of ``channel_conn_ids`` (Airflow connections;
+    a missing one is skipped with a log line, its notifications wait in the outbox until it exists).
+
+    The channels reach the job as ``KDQ_NOTIFY_CHANNELS`` in its environment, never on its command line."""
+
+    def __init__(self, *, channel_conn_ids: Sequence[str] = (), horizon_minutes: int | None = None, **kwargs: Any) -> None:
+        job_args = ["--deliver", *([f"--horizon-minutes={int(horizon_minutes)}"] if horizon_minutes else [])]
+        super().__init__(job="evaluate_expectations", job_args=job_args, **kwargs)
+        self.channel_conn_ids = list(channel_conn_ids)
+
+    def job_env(self) -> dict[str, str]:
+        from airflow.sdk import BaseHook
+
+        from kdq.notify import CHANNELS_ENV
+
+        channels = []
+        for conn_id in self.channel_conn_ids:
+            try:
+                conn = BaseHook.get_connection(conn_id)
+            except Exception:  # AirflowNotFoundException: the channel is not set up (yet)
+                self.log.info("no Airflow connection %r: that channel is not notified", conn_id)
+                continue
+            channels.append(channel_from_connection(conn))
+        self.log.info("notification channels: %s", [c["name"] for c in channels] or "none")
+        return {CHANNELS_ENV: json.dumps(channels)}

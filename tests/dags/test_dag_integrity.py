@@ -26,6 +26,7 @@ EXPECTED_DAGS = {
     "kdq_hourly_recompute",
     "kdq_rebuild",
     "kdq_maintenance",
+    "kdq_expectations",
 }
 # Modules whose import at parse time would cost seconds per parse or start a JVM.
 FORBIDDEN_MODULE_PREFIXES = ("pyspark", "py4j", "delta", "kdq.spark", "confluent_kafka", "kafka", "influxdb")
@@ -213,6 +214,13 @@ def test_batch_jobs_share_one_pool_and_the_supervisor_keeps_a_slot(parsed: dict)
     assert {pools[key] for key in pools if key[0] in {"kdq_stream_supervisor", "kdq_stream_stop"}} == {"default_pool"}
     compose = (PROJECT_ROOT / "docker-compose.yml").read_text()
     assert f"airflow pools set {BATCH_POOL} {BATCH_POOL_SLOTS} " in compose, "the deployment creates the pool"
+
+
+def test_expectations_run_every_minute_one_at_a_time_and_deliver(parsed: dict) -> None:
+    dag = parsed["dags"]["kdq_expectations"]
+    assert (dag["max_active_runs"], dag["catchup"], dag["schedule"]) == (1, False, "0:01:00")
+    task = dag["tasks"]["evaluate_and_notify"]
+    assert task["type"] == "ExpectationsOperator" and task["job_args"] == ["--deliver"]
 
 
 def test_rebuild_params_form(parsed: dict) -> None:

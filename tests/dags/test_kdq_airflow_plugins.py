@@ -261,3 +261,54 @@ def test_a_malformed_maintenance_cron_is_refused(monkeypatch: pytest.MonkeyPatch
         kdq_maintenance_cron()
     monkeypatch.setenv(MAINTENANCE_CRON_ENV, "0 2 * * *")
     assert kdq_maintenance_cron() == "0 2 * * *"
+
+
+def test_expectations_channels_come_from_airflow_connections_into_the_jobs_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An smtp and an http connection become kdq.notify channels (the SMTP provider's extras, same defaults), in
+    ``KDQ_NOTIFY_CHANNELS`` of the job's environment, never in its command line; a missing connection is skipped."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from kdq.notify import CHANNELS_ENV, SmtpChannel, WebhookChannel, channels_from_json
+    from kdq_airflow.operators import ExpectationsOperator, submit_settings
+
+    monkeypatch.setenv("AIRFLOW_CONN_KDQ_SMTP", json.dumps({
+        "conn_type": "smtp", "host": "mail.example", "port": 587, "login": "kdq", "password": "pw-7c1e",
+        "extra": {"from_email": "kdq@example", "to": "a@example, b@example", "disable_ssl": True}}))
+    monkeypatch.setenv("AIRFLOW_CONN_KDQ_WEBHOOK", json.dumps({
+        "conn_type": "http", "host": "hooks.example", "schema": "https", "password": "tok-93ad",
+        "extra": {"endpoint": "/kdq/incidents"}}))
+    task = ExpectationsOperator(task_id="evaluate_and_notify", channel_conn_ids=["kdq_smtp", "kdq_webhook", "kdq_pager"])
+    assert task.job == "evaluate_expectations" and task.job_args == ["--deliver"]
+    env = task.job_env()
+    mail, hook = channels_from_json(env[CHANNELS_ENV])
+    assert mail == SmtpChannel("kdq_smtp", "mail.example", 587, "kdq@example", ("a@example", "b@example"), "kdq",
+                               "pw-7c1e", ssl=False, starttls=True)
+    assert isinstance(hook, WebhookChannel) and hook.url == "https://hooks.example/kdq/incidents"
+    assert hook.headers == {"Authorization": "Bearer tok-93ad"}
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    settings = submit_settings(make_config(tmp_path), "evaluate_expectations")
+    command = SparkSubmitHook(conn_id="spark_default", **settings)._build_spark_submit_command(
+        "spark_jobs/evaluate_expectations.py")
+    assert "pw-7c1e" not in " ".join(command) and "tok-93ad" not in " ".join(command)
+
+
+def test_expectations_interval_and_connections_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kdq_airflow.defaults import (
+        EXPECTATIONS_INTERVAL_ENV,
+        NOTIFY_CONNECTIONS_ENV,
+        kdq_expectations_interval,
+        kdq_notify_connections,
+    )
+
+    assert kdq_expectations_interval() == timedelta(minutes=1)
+    assert kdq_notify_connections() == ("kdq_smtp", "kdq_webhook")
+    monkeypatch.setenv(EXPECTATIONS_INTERVAL_ENV, "30")
+    assert kdq_expectations_interval() == timedelta(seconds=30)
+    monkeypatch.setenv(EXPECTATIONS_INTERVAL_ENV, "5")
+    with pytest.raises(ValueError, match=EXPECTATIONS_INTERVAL_ENV):
+        kdq_expectations_interval()
+    monkeypatch.setenv(NOTIFY_CONNECTIONS_ENV, " ops_mail , ")
+    assert kdq_notify_connections() == ("ops_mail",)

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.integration
 HOURLY = "kdq_hourly_recompute"
 SUPERVISOR = "kdq_stream_supervisor"
 STOP = "kdq_stream_stop"
-KDQ_DAGS = {"kdq_stream_supervisor", "kdq_stream_stop", "kdq_hourly_recompute", "kdq_rebuild", "kdq_maintenance"}
+KDQ_DAGS = {
+    "kdq_stream_supervisor", "kdq_stream_stop", "kdq_hourly_recompute", "kdq_rebuild", "kdq_maintenance", "kdq_expectations",
+}
 ARTIFACTS = PROJECT_ROOT / "test-artifacts"
 
 
@@ -145,6 +147,7 @@ def test_ui_lists_the_dags_with_their_last_run(airflow_services, api, backfill) 
         "kdq_stream_stop": "success",
         "kdq_rebuild": None,
         "kdq_maintenance": None,
+        "kdq_expectations": None,  # paused (dags_are_paused_at_creation): no run
     }
     assert all("kdq" in {t["name"] for t in dags[d]["tags"]} for d in KDQ_DAGS)
 

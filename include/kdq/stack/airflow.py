@@ -59,6 +59,7 @@ KDQ_DAGS = (
     "kdq_hourly_recompute",
     "kdq_rebuild",
     "kdq_maintenance",
+    "kdq_expectations",
 )
 
 

@@ -1,0 +1,38 @@
+"""
+### kdq expectations
+
+Every minute (`KDQ_AIRFLOW_EXPECTATIONS_SECONDS` changes it, at least 30 s) `spark_jobs/evaluate_expectations.py`
+judges the expectations of `config/rules/topics.toml` (`[expectations]`, docs/expectations.md) on the per-minute
+counts of `window_counts` and on the stream's last progress, updates the incidents in `kdq.incidents`, and sends
+the notifications no channel has delivered yet:
+
+* the channels are Airflow connections, by default `kdq_smtp` (type `smtp`) and `kdq_webhook` (type `http`);
+  `KDQ_AIRFLOW_NOTIFY_CONNECTIONS` lists others. A missing connection is skipped (its notifications wait);
+* a channel that fails is retried with backoff and then left for the next run: it never fails the task, and
+  the evaluation is committed before anything is sent;
+* a re-run (a retry of the task, a restart) evaluates the same counts to the same incidents: nothing is written
+  or sent twice.
+
+One run at a time, no catchup: each run re-evaluates the last three hours whatever ran before.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DAG
+
+from kdq_airflow.defaults import kdq_default_args, kdq_expectations_interval, kdq_notify_connections, kdq_start_date
+from kdq_airflow.operators import ExpectationsOperator
+
+with DAG(
+    dag_id="kdq_expectations",
+    doc_md=__doc__,
+    schedule=kdq_expectations_interval(),
+    start_date=kdq_start_date(),
+    catchup=False,
+    max_active_runs=1,
+    tags=["kdq", "expectations"],
+    default_args=kdq_default_args(retry_delay=timedelta(seconds=20), execution_timeout=timedelta(minutes=5)),
+):
+    ExpectationsOperator(task_id="evaluate_and_notify", channel_conn_ids=kdq_notify_connections())
