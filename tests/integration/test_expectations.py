@@ -230,3 +230,35 @@ def test_incidents_open_worsen_resolve_and_notify_once(spark, tmp_path: Path, re
     assert report["failed"] == {"dead": 1} and report["deferred"] == {"dead": 4}, report
     assert "127.0.0.1:9" not in json.dumps(report)  # a webhook's URL (its token) stays out of the report
     assert len(hook.bodies) == 5 and len(smtp.messages) == 5
+
+
+def test_the_dags_operator_gives_the_job_its_airflow_connections(spark, tmp_path: Path, receivers, monkeypatch) -> None:
+    """The kdq_expectations DAG's task as Airflow runs it (the operator, spark-submit through the Spark provider):
+    the webhook channel comes from an Airflow connection, reaches the job in its environment, and gets the
+    incident of a burst one minute old; the task's return value (XCom) is the job's report."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "plugins"))
+    from kdq_airflow.operators import ExpectationsOperator
+
+    _, hook = receivers
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "topics.toml").write_text(TOPICS_TOML)
+    for key, value in {"KDQ_PATHS__DATA_DIR": str(tmp_path), "KDQ_PATHS__RULES_DIR": str(rules)}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    monkeypatch.setenv("AIRFLOW_CONN_KDQ_WEBHOOK", json.dumps(
+        {"conn_type": "http", "host": f"http://127.0.0.1:{hook.server_address[1]}", "extra": {"endpoint": "/kdq"}}))
+    config = make_config(tmp_path, paths={"rules_dir": str(rules)})
+    ensure_tables(spark, config)
+    now_minute = int(dt.datetime.now(dt.UTC).timestamp() * 1000) // MINUTE_MS
+    rows = [{"topic": "orders", "window_start_ms": (now_minute - back) * MINUTE_MS, "status": "valid", "count": 100,
+             "rules_version": "r1"} for back in range(2, 12)]
+    rows.append({"topic": "orders", "window_start_ms": (now_minute - 1) * MINUTE_MS, "status": "invalid",
+                 "count": 400, "rules_version": "r1"})
+    merge_window_increments(spark, rows, config, "test-expectations-operator", 1)
+
+    task = ExpectationsOperator(task_id="evaluate_and_notify", channel_conn_ids=["kdq_smtp", "kdq_webhook"])
+    report = task.execute({})
+    assert report["ok"] and [n["event"] for n in report["notifications"]] == ["open"], report
+    assert report["delivery"]["channels"] == ["kdq_webhook"] and report["delivery"]["sent"] == {"kdq_webhook": 1}
+    assert [b["event"] for b in hook.bodies] == ["open"] and hook.bodies[0]["topic"] == "orders"
