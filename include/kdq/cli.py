@@ -267,9 +267,32 @@ def _sql_through(url: str, args: argparse.Namespace) -> int:
     return 0
 
 
+# `kdq demo --burst`: how fast a burst goes out, and to which topic unless --topics says.
+BURST_RATE = 500.0
+BURST_TOPICS = "orders"
+
+
 def _demo_spec(config: Config, args: argparse.Namespace):
     from kdq.traffic import TrafficSpec, default_topics, parse_topics
 
+    if args.burst is not None:
+        # Only invalid records, now (no out-of-order or late ones), as fast as a producer sends a bad deploy's
+        # output: what trips an invalid_ratio expectation within a minute (docs/expectations.md).
+        if args.burst < 1:
+            raise ValueError(f"--burst must be at least 1 record, got {args.burst}")
+        if args.detach or args.count is not None or args.duration is not None:
+            raise ValueError("--burst sends its records and exits: it takes no --detach, --count or --duration")
+        return TrafficSpec(
+            topics=parse_topics(args.topics or BURST_TOPICS),
+            rate=max(args.rate, BURST_RATE),
+            partitions=args.partitions,
+            invalid_ratio=1.0,
+            out_of_order=0.0,
+            late=0.0,
+            allowed_lateness_seconds=config.stream.allowed_lateness_seconds,
+            count=args.burst,
+            seed=args.seed,
+        )
     return TrafficSpec(
         topics=parse_topics(args.topics or default_topics(config)),
         rate=args.rate,
@@ -453,6 +476,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=float, help="stop after this many seconds (default: run until stopped)")
     demo.add_argument("--count", type=int, help="stop after this many records")
     demo.add_argument("--seed", type=int, help="random seed, for reproducible traffic")
+    demo.add_argument("--burst", type=int, metavar="N",
+                      help=f"send N invalid records now (to {BURST_TOPICS} unless --topics, at least "
+                           f"{BURST_RATE:.0f}/s) beside the running demo, then exit: opens an invalid_ratio incident")
     demo.add_argument("--detach", action="store_true", help="run in the background (log under .local/demo/)")
     demo.add_argument("--stats-file", help=argparse.SUPPRESS)
     demo.set_defaults(func=_demo)

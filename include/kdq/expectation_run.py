@@ -32,7 +32,7 @@ from kdq.incidents import (
 # hourly batch layer's corrections reach the hour before the one it runs in, so three hours hold them all.
 DEFAULT_HORIZON_MINUTES = 180
 # The expectations judged once per run, at the run's minute (the stream's figures, the topic list).
-MEASURED_NOW = ("latency", "lag", "unruled_topic")
+MEASURED_NOW = ("latency", "lag", "batch_failing", "batch_running", "unruled_topic")
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,26 @@ def topic_minutes(
     ]
 
 
-def stream_figures(progress: Mapping | None) -> list[StreamFigures]:
+def stream_figures(
+    progress: Mapping | None,
+    failure: Mapping | None = None,
+    running: Mapping | None = None,
+    now_ms: int | None = None,
+) -> list[StreamFigures]:
     """The stream's latency (its last batch's oldest record: produce → counts visible) and consumer lag (summed
-    over topics) from ``progress.json``; judged at the minute the batch's progress was taken."""
+    over topics) from ``progress.json``, judged at the minute the batch's progress was taken; with ``now_ms``,
+    the failed attempts of the micro-batch that keeps failing (``failure``: kdq.batch_failures.read_failure, 0
+    when none) and how long the batch in flight has run (``running``: kdq.batch_failures.running_batch, 0 when
+    none), judged at now's minute."""
+    health = []
+    if now_ms is not None:
+        health = [StreamFigures(
+            now_ms // MINUTE_MS,
+            failed_attempts=int((failure or {}).get("attempts") or 0),
+            running_seconds=float((running or {}).get("seconds") or 0.0),
+        )]
     if not progress or not progress.get("timestamp"):
-        return []
+        return health
     at = datetime.fromisoformat(str(progress["timestamp"]).replace("Z", "+00:00"))
     minute = int(at.replace(tzinfo=at.tzinfo or UTC).timestamp() * 1000) // MINUTE_MS
     latency = (progress.get("end_to_end_latency_ms") or {}).get("oldest")
@@ -98,7 +113,7 @@ def stream_figures(progress: Mapping | None) -> list[StreamFigures]:
         minute,
         latency_seconds=None if latency is None else latency / 1000,
         lag_records=None if not isinstance(lag, dict) else sum(int(v) for v in lag.values()),
-    )]
+    ), *health]
 
 
 @dataclass

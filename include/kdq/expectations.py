@@ -30,7 +30,7 @@ from kdq.expectations_config import Expectation, ExpectationSet
 from kdq.windows import is_late
 
 MINUTE_MS = 60_000
-# The topic of stream-wide incidents (latency, lag). Parentheses are not allowed in Kafka topic names
+# The topic of stream-wide incidents (latency, lag, failing or long micro-batches). Parentheses are not allowed in Kafka topic names
 # ([a-zA-Z0-9._-]), so it can never be mistaken for a real topic.
 STREAM_TOPIC = "(stream)"
 
@@ -62,11 +62,20 @@ class TopicMinutes:
 
 @dataclass(frozen=True)
 class StreamFigures:
-    """The stream's health at one wall-clock minute (from its progress): end-to-end latency, consumer lag."""
+    """The stream's health at one wall-clock minute: end-to-end latency and consumer lag (from its progress), the
+    failed attempts of a micro-batch that keeps failing and how long the batch in flight has run (from
+    kdq.batch_failures' files). None: not measured."""
 
     minute: int
     latency_seconds: float | None = None
     lag_records: int | None = None
+    failed_attempts: int | None = None
+    running_seconds: float | None = None
+
+    def value(self, kind: str) -> float | None:
+        value = {"latency": self.latency_seconds, "lag": self.lag_records, "batch_failing": self.failed_attempts,
+                 "batch_running": self.running_seconds}[kind]
+        return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -223,7 +232,7 @@ def evaluate(
     now_minute = now_ms // MINUTE_MS
     for figures in stream:
         for check in expectations.stream:
-            value = figures.latency_seconds if check.kind == "latency" else figures.lag_records
+            value = figures.value(check.kind)
             if value is not None:
                 verdicts.append(Verdict(STREAM_TOPIC, check.name, figures.minute, check.violated(value),
                                         float(value), True, check))

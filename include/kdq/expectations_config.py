@@ -13,6 +13,8 @@ Shape (the full reference is docs/expectations.md)::
     anomaly = { weeks = 2, false_per_week = 0.5 }    # kdq.anomaly.AnomalySettings fields
     latency = { above_seconds = 120 }     # the stream's, not a topic's
     lag = { above_records = 1000000 }
+    batch_failing = { attempts_above = 0 }  # a micro-batch failed (and is being retried) that many times
+    batch_running = { above_seconds = 600 } # the micro-batch in flight has run that long (hung or blocked)
     unruled_topic = true                  # a monitored topic that no rule matches
 
     [[expectations.reason]]
@@ -49,12 +51,16 @@ _TABLE_KEYS: dict[str, dict[str, Any]] = {
     "silence": {"below": 1, "over_minutes": 15, "active_within_minutes": MINUTES_PER_WEEK},
     "latency": {"above_seconds": None},
     "lag": {"above_records": None},
+    "batch_failing": {"attempts_above": 0},
+    "batch_running": {"above_seconds": None},
     "reason": {"reason": None, "count_above": None, "share_above": None, "over_minutes": 1, "min_records": None},
     "anomaly": {f.name: f.default for f in dataclasses.fields(AnomalySettings)},
 }
-_TOP_KEYS = ("invalid_ratio", "silence", "anomaly", "latency", "lag", "unruled_topic", "reason", "topic",
+_TOP_KEYS = ("invalid_ratio", "silence", "anomaly", "latency", "lag", "batch_failing", "batch_running", "unruled_topic", "reason", "topic",
              "clear_after_minutes")
-_STREAM_KINDS = ("latency", "lag")  # about the stream, so only in the defaults
+# About the stream, so only in the defaults: its end-to-end latency and consumer lag (from its progress), a
+# micro-batch failing again and again or running too long (kdq.batch_failures' files, what the supervisor reads).
+_STREAM_KINDS = ("latency", "lag", "batch_failing", "batch_running")
 _ENTRY_KEYS = ("match", "invalid_ratio", "silence", "anomaly", "unruled_topic", "reason", "clear_after_minutes")
 # Where a smaller value is the worse one (fewer records; a smaller p-value).
 LOWER_IS_WORSE = ("silence", "anomaly")
@@ -68,7 +74,9 @@ class ExpectationError(ValueError):
 class Expectation:
     """One check as it applies to a topic (or to the stream). ``name`` is the incident's ``expectation`` column."""
 
-    name: str  # invalid_ratio | silence | anomaly | latency | lag | unruled_topic | reason_count:<r> | reason_share:<r>
+    # invalid_ratio | silence | anomaly | latency | lag | batch_failing | batch_running | unruled_topic |
+    # reason_count:<r> | reason_share:<r>
+    name: str
     kind: str
     threshold: float  # violated beyond it: above, or below for the kinds in LOWER_IS_WORSE
     over_minutes: int = 1  # the sliding period a minute's value is computed over (that minute and the ones before)
@@ -115,7 +123,7 @@ class ExpectationSet:
     defaults: tuple[Expectation, ...] = ()
     unruled_topic: bool = False
     entries: tuple[TopicExpectations, ...] = ()
-    stream: tuple[Expectation, ...] = ()  # latency, lag
+    stream: tuple[Expectation, ...] = ()  # latency, lag, batch_failing, batch_running
     clear_after_minutes: int = DEFAULT_CLEAR_AFTER_MINUTES
 
     def unruled_check(self, topic: str) -> Expectation | None:
@@ -208,9 +216,12 @@ def _build(kind: str, where: str, table: dict, clear_after: int) -> Expectation:
         return Expectation("silence", kind, float(below), num("over_minutes", integer=True, low=1),
                            active_within_minutes=num("active_within_minutes", integer=True, low=1),
                            worsen_at=_worsen_at(where, table, below, True), **common)
-    if kind in ("latency", "lag"):
-        key = "above_seconds" if kind == "latency" else "above_records"
+    if kind in ("latency", "lag", "batch_running"):
+        key = "above_records" if kind == "lag" else "above_seconds"
         above = num(key, integer=kind == "lag", low=0, low_open=True)
+        return Expectation(kind, kind, float(above), worsen_at=_worsen_at(where, table, above, False), **common)
+    if kind == "batch_failing":
+        above = num("attempts_above", integer=True, low=0)
         return Expectation(kind, kind, float(above), worsen_at=_worsen_at(where, table, above, False), **common)
     if kind == "reason":
         reason = values["reason"]
@@ -251,7 +262,7 @@ def _merged(where: str, key: str, default: Any, override: Any) -> dict | None:
 
 
 def _checks(where: str, tables: dict[str, dict | None], reasons: list, clear_after: int) -> tuple[Expectation, ...]:
-    checks = [_build(kind, f"{where}: {kind}", table, clear_after) for kind, table in tables.items() if table]
+    checks = [_build(kind, f"{where}: {kind}", table, clear_after) for kind, table in tables.items() if table is not None]
     if not isinstance(reasons, list):
         raise ExpectationError(f"{where}: reason must be an array of tables ([[...reason]])")
     names: set[str] = set()
@@ -275,7 +286,7 @@ def parse_expectations(data: Any, where: str = "[expectations]") -> ExpectationS
             raise _unknown(where, key, _TOP_KEYS)
     clear_after = _clear_after(where, data, DEFAULT_CLEAR_AFTER_MINUTES)
     tables: dict[str, dict | None] = {}
-    for kind in ("invalid_ratio", "silence", "anomaly", "latency", "lag"):
+    for kind in ("invalid_ratio", "silence", "anomaly", *_STREAM_KINDS):
         if kind in data:
             tables[kind] = _merged(where, kind, None, data[kind])
     unruled = data.get("unruled_topic", False)
@@ -296,7 +307,7 @@ def parse_expectations(data: Any, where: str = "[expectations]") -> ExpectationS
             raise ExpectationError(f"{name}: must be a table")
         for key in entry:
             if key not in _ENTRY_KEYS:
-                hint = " (the stream's latency and lag are set in [expectations] only)" if key in _STREAM_KINDS else ""
+                hint = " (the stream's checks are set in [expectations] only)" if key in _STREAM_KINDS else ""
                 raise ExpectationError(str(_unknown(name, key, _ENTRY_KEYS)) + hint)
         if not isinstance(match, str) or not match:
             raise ExpectationError(f"{name}: 'match' is required (an exact topic name or 're:<regex>')")

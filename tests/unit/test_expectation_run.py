@@ -37,7 +37,8 @@ class Table:
     """The incidents table and the notification outbox as the job keeps them (MERGE guarded by version,
     insert-once by notification id)."""
 
-    def __init__(self) -> None:
+    def __init__(self, expectations=RATIO) -> None:
+        self.expectations = expectations
         self.rows: dict[str, Incident] = {}
         self.outbox: dict[str, dict] = {}
 
@@ -45,9 +46,9 @@ class Table:
             stream: list[StreamFigures] = (), die_after_outbox: bool = False) -> list[str]:
         now = (M0 + n + 1) * MINUTE_MS + 1000
         stored = stored_form(self.rows)
-        window = run_window(RATIO, stored, now, horizon)
+        window = run_window(self.expectations, stored, now, horizon)
         known = {M0 + m: c for m, c in counts.items() if m <= n}
-        result = run_evaluation(RATIO, stored, window, [TopicMinutes("orders", known, max_event_ms=now)],
+        result = run_evaluation(self.expectations, stored, window, [TopicMinutes("orders", known, max_event_ms=now)],
                                 now_ms=now, as_of=as_of, allowed_lateness_seconds=LATENESS, stream=stream)
         new_ids = []
         for note in result.notifications:
@@ -126,6 +127,32 @@ def test_the_stream_latency_incident_persists_across_runs_that_see_one_minute() 
     (incident,) = [i for i in table.rows.values() if i.topic == STREAM_TOPIC]
     assert (incident.status, incident.first_minute, incident.last_minute) == (RESOLVED, M0 + 10, M0 + 14)
     assert [i.rsplit(":", 1)[1] for i in table.outbox] == ["open", "resolve"]
+
+
+def test_a_failing_and_a_hung_micro_batch_open_stream_incidents_until_the_batch_completes() -> None:
+    """batch_failing (attempts of a micro-batch that keeps failing, kdq.batch_failures) and batch_running (how
+    long the batch in flight has run) are measured at each run's minute, like latency: one incident each while
+    the condition lasts, resolved after clear_after_minutes of healthy runs, worsened past a level."""
+    health = parse_expectations({"clear_after_minutes": 2, "batch_failing": {"attempts_above": 0, "worsen_at": [2]},
+                                 "batch_running": {"above_seconds": 600}})
+    table, counts = Table(health), {m: MinuteCounts(valid=100) for m in range(0, 60)}
+    for n in range(5, 30):
+        now = (M0 + n + 1) * MINUTE_MS + 1000
+        failure = {"attempts": n - 9} if 10 <= n < 14 else None  # attempts 1, 2, 3, 4, then a batch completes
+        running = {"seconds": 300.0 * (n - 17)} if 18 <= n < 22 else None  # 300, 600, 900, 1200 s, then done
+        figures = stream_figures(None, failure, running, now_ms=now)
+        table.run(counts, n, stream=figures)
+    by_check = {i.expectation: i for i in table.rows.values() if i.topic == STREAM_TOPIC}
+    failing = by_check["batch_failing"]
+    assert (failing.status, failing.first_minute, failing.last_minute) == (RESOLVED, M0 + 10 + 1, M0 + 13 + 1)
+    assert failing.worst_value == 4.0
+    running = by_check["batch_running"]
+    assert (running.status, running.first_minute, running.last_minute) == (RESOLVED, M0 + 20 + 1, M0 + 21 + 1)
+    events = [(i.split("|")[1], i.rsplit(":", 1)[1]) for i in table.outbox]
+    assert events == [("batch_failing", "open"), ("batch_failing", "worsen"), ("batch_failing", "resolve"),
+                      ("batch_running", "open"), ("batch_running", "resolve")]
+    healthy = stream_figures(None, None, None, now_ms=M0 * MINUTE_MS)
+    assert healthy == [StreamFigures(M0, failed_attempts=0, running_seconds=0.0)]
 
 
 def test_rows_readers_and_outbox_rows() -> None:

@@ -31,6 +31,8 @@ silence = { below = 3, over_minutes = 10 }
 anomaly = { weeks = 3 }
 latency = { above_seconds = 120 }
 lag = { above_records = 100000, clear_after_minutes = 5 }
+batch_failing = { attempts_above = 1 }
+batch_running = { above_seconds = 900 }
 unruled_topic = true
 
 [[expectations.reason]]
@@ -82,6 +84,9 @@ def test_the_shipped_topics_toml_changes_no_version_and_parses(tmp_path: Path) -
     # Its active entries are the demo's registry-backed topics; every schema file's rule keeps its version.
     assert [r.label for r in rules.rules if r.registry] == ["orders.avro", "payments.proto"]
     assert [(r.label, r.version) for r in rules.rules if not r.registry] == [(r.label, r.version) for r in bare.rules]
+    # The demo's expectation: a burst (`kdq demo --burst`) over its ~10 % invalid traffic, nothing else.
+    (ratio,) = rules.expectations.for_topic("orders")
+    assert (ratio.name, ratio.threshold, ratio.over_minutes, ratio.min_records) == ("invalid_ratio", 0.3, 1, 50)
     # The commented example, uncommented, is a valid configuration (so the documentation does not rot).
     text = (shipped / "topics.toml").read_text()
     example = "\n".join(line[2:] for line in text.splitlines() if line.startswith("# ") and "=" in line
@@ -108,7 +113,10 @@ def test_defaults_and_entries_merge_key_by_key_first_match_wins(tmp_path: Path) 
     assert set(legacy) == {"invalid_ratio", "silence", "anomaly", "reason_share:not_json"}
     assert legacy["invalid_ratio"].clear_after_minutes == 30
     assert exp.unruled_check("legacy.eu") is None and exp.unruled_check("clicks") is not None
-    assert {c.name: c.clear_after_minutes for c in exp.stream} == {"latency": 15, "lag": 5}
+    assert {c.name: c.clear_after_minutes for c in exp.stream} == {"latency": 15, "lag": 5, "batch_failing": 15,
+                                                                  "batch_running": 15}
+    assert {c.name: c.threshold for c in exp.stream if c.name.startswith("batch_")} == {
+        "batch_failing": 1.0, "batch_running": 900.0}
     assert exp.lookback_minutes() >= 3 * 7 * 24 * 60
 
 
@@ -125,6 +133,8 @@ def test_defaults_and_entries_merge_key_by_key_first_match_wins(tmp_path: Path) 
         ("[expectations]\nsilence = { below = 5, worsen_at = [6] }\n", "worsen_at must be strictly decreasing, below"),
         ("[expectations]\nsilence = { over_minutes = 0 }\n", "silence: over_minutes must be an integer >= 1, got 0"),
         ("[expectations]\nlatency = { above_seconds = 0 }\n", "latency: above_seconds must be a number > 0"),
+        ("[expectations]\nbatch_failing = { attempts_above = -1 }\n", "batch_failing: attempts_above must be an integer >= 0"),
+        ("[expectations]\nbatch_running = {}\n", "batch_running: above_seconds is required"),
         ("[expectations]\nanomaly = { weeks = 'two' }\n", "anomaly: weeks must be an integer > 0"),
         ("[expectations]\nclear_after_minutes = 0\n", "clear_after_minutes must be an integer >= 1"),
         ("[expectations]\nunruled_topic = 'yes'\n", "unruled_topic must be true or false"),
@@ -135,6 +145,8 @@ def test_defaults_and_entries_merge_key_by_key_first_match_wins(tmp_path: Path) 
          "'reason_count:x' is declared twice"),
         ("[[expectations.topic]]\nmatch = 'orders'\nlatency = { above_seconds = 1 }\n",
          "entry #1 (match = 'orders'): unknown key 'latency'"),
+        ("[[expectations.topic]]\nmatch = 'orders'\nbatch_running = { above_seconds = 1 }\n",
+         "the stream's checks are set in [expectations] only"),
         ("[[expectations.topic]]\ninvalid_ratio = { above = 0.1 }\n", "entry #1: 'match' is required"),
         ("[[expectations.topic]]\nmatch = 're:(('\n", "bad regex"),
         ("[[expectations.topic]]\nmatch = 'orders'\ninvalid_ratio = { over_minutes = 3 }\n",
@@ -146,3 +158,13 @@ def test_broken_expectations_name_the_file_and_the_key(tmp_path: Path, toml: str
         load_rules(folder(tmp_path, toml))
     assert str(info.value).startswith(f"{tmp_path / 'topics.toml'}: ")
     assert message in str(info.value)
+
+
+def test_an_empty_table_is_the_check_with_its_defaults_and_false_turns_it_off(tmp_path: Path) -> None:
+    exp = load_rules(folder(tmp_path, "[expectations]\nsilence = {}\nbatch_failing = {}\n")).expectations
+    (silence,) = exp.defaults
+    assert (silence.name, silence.threshold, silence.over_minutes) == ("silence", 1.0, 15)
+    assert [(c.name, c.threshold) for c in exp.stream] == [("batch_failing", 0.0)]
+    (tmp_path / "off").mkdir()
+    off = load_rules(folder(tmp_path / "off", "[expectations]\nsilence = false\n")).expectations
+    assert off.defaults == ()

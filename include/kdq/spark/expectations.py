@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from kdq.batch_failures import read_failure, running_batch
 from kdq.config import Config
 from kdq.expectation_run import (
     DEFAULT_HORIZON_MINUTES,
@@ -188,7 +189,8 @@ def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
     result = run_evaluation(
         expectations, stored, window, None, now_ms=now_ms, as_of=counts_version,
         allowed_lateness_seconds=config.stream.allowed_lateness_seconds,
-        stream=stream_figures(stream_status(config)["progress"]),
+        stream=stream_figures(stream_status(config)["progress"], read_failure(config),
+                              running_batch(config, now_ms=now_ms), now_ms=now_ms),
         has_rule={t: rules.rule_for(t) is not None for t in topics_seen},
         counts=counts, reasons=reasons,
     )
