@@ -32,7 +32,8 @@ from kdq.incidents import (
 # hourly batch layer's corrections reach the hour before the one it runs in, so three hours hold them all.
 DEFAULT_HORIZON_MINUTES = 180
 # The expectations judged once per run, at the run's minute (the stream's figures, the topic list).
-MEASURED_NOW = ("latency", "lag", "batch_failing", "batch_running", "unruled_topic")
+MEASURED_NOW = ("latency", "lag", "batch_failing", "batch_running", "recompute", "unruled_topic")
+RECOMPUTE_JOB = "batch_recompute"  # its name in kdq.writers_journal
 
 
 @dataclass(frozen=True)
@@ -85,23 +86,39 @@ def topic_minutes(
     ]
 
 
+def minutes_since_recompute(journal: Iterable[Mapping[str, object]], now_ms: int) -> float | None:
+    """Minutes since the hourly recompute last ended well, from kdq.writers_journal's entries (a day of them):
+    since its last ``ok`` end; with runs but none ok, at least since the first of them started (failing, or
+    never ending); None when the journal holds no recompute run (a new data folder: not measured)."""
+    ok_ends = [int(e["end_ms"]) for e in journal  # type: ignore[call-overload]
+               if e.get("job") == RECOMPUTE_JOB and e.get("phase") == "end" and e.get("outcome") == "ok"]
+    if ok_ends:
+        return max(0.0, (now_ms - max(ok_ends)) / MINUTE_MS)
+    starts = [int(e["start_ms"]) for e in journal  # type: ignore[call-overload]
+              if e.get("job") == RECOMPUTE_JOB and e.get("start_ms") is not None]
+    return max(0.0, (now_ms - min(starts)) / MINUTE_MS) if starts else None
+
+
 def stream_figures(
     progress: Mapping | None,
     failure: Mapping | None = None,
     running: Mapping | None = None,
     now_ms: int | None = None,
+    recompute_minutes: float | None = None,
 ) -> list[StreamFigures]:
     """The stream's latency (its last batch's oldest record: produce → counts visible) and consumer lag (summed
     over topics) from ``progress.json``, judged at the minute the batch's progress was taken; with ``now_ms``,
     the failed attempts of the micro-batch that keeps failing (``failure``: kdq.batch_failures.read_failure, 0
     when none) and how long the batch in flight has run (``running``: kdq.batch_failures.running_batch, 0 when
-    none), judged at now's minute."""
+    none), and the minutes since the hourly recompute last ended well (:func:`minutes_since_recompute`), judged
+    at now's minute."""
     health = []
     if now_ms is not None:
         health = [StreamFigures(
             now_ms // MINUTE_MS,
             failed_attempts=int((failure or {}).get("attempts") or 0),
             running_seconds=float((running or {}).get("seconds") or 0.0),
+            recompute_minutes=recompute_minutes,
         )]
     if not progress or not progress.get("timestamp"):
         return health

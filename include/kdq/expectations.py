@@ -30,7 +30,8 @@ from kdq.expectations_config import Expectation, ExpectationSet
 from kdq.windows import is_late
 
 MINUTE_MS = 60_000
-# The topic of stream-wide incidents (latency, lag, failing or long micro-batches). Parentheses are not allowed in Kafka topic names
+# The topic of product-wide incidents (the stream's latency, lag, failing or long micro-batches; the batch
+# layer's recompute). Parentheses are not allowed in Kafka topic names
 # ([a-zA-Z0-9._-]), so it can never be mistaken for a real topic.
 STREAM_TOPIC = "(stream)"
 
@@ -71,10 +72,11 @@ class StreamFigures:
     lag_records: int | None = None
     failed_attempts: int | None = None
     running_seconds: float | None = None
+    recompute_minutes: float | None = None  # since the hourly recompute last ended well
 
     def value(self, kind: str) -> float | None:
         value = {"latency": self.latency_seconds, "lag": self.lag_records, "batch_failing": self.failed_attempts,
-                 "batch_running": self.running_seconds}[kind]
+                 "batch_running": self.running_seconds, "recompute": self.recompute_minutes}[kind]
         return None if value is None else float(value)
 
 

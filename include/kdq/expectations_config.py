@@ -15,6 +15,7 @@ Shape (the full reference is docs/expectations.md)::
     lag = { above_records = 1000000 }
     batch_failing = { attempts_above = 0 }  # a micro-batch failed (and is being retried) that many times
     batch_running = { above_seconds = 600 } # the micro-batch in flight has run that long (hung or blocked)
+    recompute = { above_minutes = 150 }     # minutes since the hourly recompute last ended well
     unruled_topic = true                  # a monitored topic that no rule matches
 
     [[expectations.reason]]
@@ -53,14 +54,16 @@ _TABLE_KEYS: dict[str, dict[str, Any]] = {
     "lag": {"above_records": None},
     "batch_failing": {"attempts_above": 0},
     "batch_running": {"above_seconds": None},
+    "recompute": {"above_minutes": None},
     "reason": {"reason": None, "count_above": None, "share_above": None, "over_minutes": 1, "min_records": None},
     "anomaly": {f.name: f.default for f in dataclasses.fields(AnomalySettings)},
 }
-_TOP_KEYS = ("invalid_ratio", "silence", "anomaly", "latency", "lag", "batch_failing", "batch_running", "unruled_topic", "reason", "topic",
+_TOP_KEYS = ("invalid_ratio", "silence", "anomaly", "latency", "lag", "batch_failing", "batch_running", "recompute", "unruled_topic", "reason", "topic",
              "clear_after_minutes")
 # About the stream, so only in the defaults: its end-to-end latency and consumer lag (from its progress), a
 # micro-batch failing again and again or running too long (kdq.batch_failures' files, what the supervisor reads).
-_STREAM_KINDS = ("latency", "lag", "batch_failing", "batch_running")
+# And the batch layer's: minutes since the hourly recompute last ended well (kdq.writers_journal).
+_STREAM_KINDS = ("latency", "lag", "batch_failing", "batch_running", "recompute")
 _ENTRY_KEYS = ("match", "invalid_ratio", "silence", "anomaly", "unruled_topic", "reason", "clear_after_minutes")
 # Where a smaller value is the worse one (fewer records; a smaller p-value).
 LOWER_IS_WORSE = ("silence", "anomaly")
@@ -74,7 +77,7 @@ class ExpectationError(ValueError):
 class Expectation:
     """One check as it applies to a topic (or to the stream). ``name`` is the incident's ``expectation`` column."""
 
-    # invalid_ratio | silence | anomaly | latency | lag | batch_failing | batch_running | unruled_topic |
+    # invalid_ratio | silence | anomaly | latency | lag | batch_failing | batch_running | recompute | unruled_topic |
     # reason_count:<r> | reason_share:<r>
     name: str
     kind: str
@@ -123,7 +126,7 @@ class ExpectationSet:
     defaults: tuple[Expectation, ...] = ()
     unruled_topic: bool = False
     entries: tuple[TopicExpectations, ...] = ()
-    stream: tuple[Expectation, ...] = ()  # latency, lag, batch_failing, batch_running
+    stream: tuple[Expectation, ...] = ()  # latency, lag, batch_failing, batch_running, recompute
     clear_after_minutes: int = DEFAULT_CLEAR_AFTER_MINUTES
 
     def unruled_check(self, topic: str) -> Expectation | None:
@@ -216,8 +219,8 @@ def _build(kind: str, where: str, table: dict, clear_after: int) -> Expectation:
         return Expectation("silence", kind, float(below), num("over_minutes", integer=True, low=1),
                            active_within_minutes=num("active_within_minutes", integer=True, low=1),
                            worsen_at=_worsen_at(where, table, below, True), **common)
-    if kind in ("latency", "lag", "batch_running"):
-        key = "above_records" if kind == "lag" else "above_seconds"
+    if kind in ("latency", "lag", "batch_running", "recompute"):
+        key = {"lag": "above_records", "recompute": "above_minutes"}.get(kind, "above_seconds")
         above = num(key, integer=kind == "lag", low=0, low_open=True)
         return Expectation(kind, kind, float(above), worsen_at=_worsen_at(where, table, above, False), **common)
     if kind == "batch_failing":

@@ -155,6 +155,30 @@ def test_a_failing_and_a_hung_micro_batch_open_stream_incidents_until_the_batch_
     assert healthy == [StreamFigures(M0, failed_attempts=0, running_seconds=0.0)]
 
 
+def test_minutes_since_the_hourly_recompute_last_ended_well() -> None:
+    """From kdq.writers_journal's entries: the last ok end; with runs but none ok, since the first started; not
+    measured without a recompute run. Other jobs do not count."""
+    from kdq.expectation_run import minutes_since_recompute
+
+    now = 1_000 * MINUTE_MS
+
+    def run(job: str, start_min: int, end_min: int | None = None, outcome: str = "ok") -> list[dict]:
+        start = {"run": f"{job}-{start_min}", "job": job, "phase": "start", "start_ms": start_min * MINUTE_MS}
+        if end_min is None:
+            return [start]
+        return [start, {**start, "phase": "end", "end_ms": end_min * MINUTE_MS, "outcome": outcome}]
+
+    assert minutes_since_recompute([], now) is None
+    assert minutes_since_recompute(run("maintenance", 990, 995), now) is None
+    journal = run("batch_recompute", 800, 805) + run("batch_recompute", 860, 870) + run("batch_recompute", 920, 925,
+                                                                                        "failed")
+    assert minutes_since_recompute(journal, now) == 130.0  # the 870 end; the failed run does not count
+    assert minutes_since_recompute(run("batch_recompute", 900, 901, "failed") + run("batch_recompute", 960), now) == 100
+    health = parse_expectations({"recompute": {"above_minutes": 120}})
+    (check,) = health.stream
+    assert check.violated(130.0) and not check.violated(100.0)
+
+
 def test_rows_readers_and_outbox_rows() -> None:
     state = IncidentState()
     topics = topic_minutes(

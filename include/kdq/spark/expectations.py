@@ -27,6 +27,7 @@ from kdq.config import Config
 from kdq.expectation_run import (
     DEFAULT_HORIZON_MINUTES,
     RunResult,
+    minutes_since_recompute,
     notification_row,
     run_evaluation,
     run_window,
@@ -41,6 +42,7 @@ from kdq.spark.writers import delta_snapshot, retry_on_conflict
 from kdq.stream_state import stream_status
 from kdq.tables import INCIDENT_NOTIFICATIONS, INCIDENTS, INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.windows import range_hours
+from kdq.writers_journal import read_entries
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -190,7 +192,8 @@ def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
         expectations, stored, window, None, now_ms=now_ms, as_of=counts_version,
         allowed_lateness_seconds=config.stream.allowed_lateness_seconds,
         stream=stream_figures(stream_status(config)["progress"], read_failure(config),
-                              running_batch(config, now_ms=now_ms), now_ms=now_ms),
+                              running_batch(config, now_ms=now_ms), now_ms=now_ms,
+                              recompute_minutes=minutes_since_recompute(read_entries(config), now_ms)),
         has_rule={t: rules.rule_for(t) is not None for t in topics_seen},
         counts=counts, reasons=reasons,
     )
