@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from html import escape
 
 from kdq.quality_page import (
+    MINUTE_MS,
+    PREVIEW_CHARS,
     DagRunLink,
     PageModel,
     Series,
@@ -228,6 +230,52 @@ def _topic_section(topic: TopicView, counted: bool, lagging: Mapping[str, int] |
     )
 
 
+def _value(expectation: str, value: float) -> str:
+    """An incident's value as its check measures it: a share as a percentage, a p-value as is, else a number."""
+    if expectation == "invalid_ratio" or expectation.startswith("reason_share:") or expectation == "anomaly:invalid_ratio":
+        return _pct(value)
+    if expectation.startswith("anomaly:"):
+        return f"p={value:.2g}"
+    return f"{value:g}"
+
+
+def _incidents(model: PageModel) -> str:
+    """kdq.incidents as the expectations run keeps them: open first (links to the topic's section, its windows
+    and a sample of the invalid records by partition and offset), then the recently resolved or retracted."""
+    if not model.incidents:
+        if not _counted(model):
+            return '<p class="muted">Not available yet (see above).</p>'
+        return ('<p class="muted" data-field="no-incidents">No open incident, none in the last 24 h '
+                "(expectations: config/rules/topics.toml, [expectations]).</p>")
+    topics = {t.topic for t in model.topics}
+    rows = []
+    for i in model.incidents:
+        name = escape(i.topic)
+        topic = f'<a href="#topic-{name}">{name}</a>' if i.topic in topics else name
+        sample = "".join(
+            f'<div class="sample" data-field="sample">partition {s.partition} offset {s.offset}: '
+            f"{escape(s.reason)} <code>{escape(s.value[:PREVIEW_CHARS])}</code></div>"
+            for s in i.sample
+        )
+        state = escape(i.status) + ("" if i.final or i.status != "open" else " (provisional)")
+        rows.append(
+            f'<tr data-row="incident" data-key="{escape(i.key)}" data-status="{escape(i.status)}" '
+            f'data-topic="{name}"><td data-field="incident-status" class="{"bad" if i.status == "open" else "ok"}">'
+            f'{state}</td><td>{topic}</td><td data-field="expectation">{escape(i.expectation)}</td>'
+            f'<td data-field="windows">{_iso(i.first_ms)} – {_iso(i.last_ms + MINUTE_MS)}'
+            f'<br><span class="muted">counts of {_iso(i.window_start_ms)} – {_iso(i.window_end_ms)}</span></td>'
+            f'<td class="n" data-field="worst">{_value(i.expectation, i.worst_value)}</td>'
+            f'<td class="n" data-field="threshold">{_value(i.expectation, i.threshold)}</td>'
+            f'<td class="n" data-field="level">{i.level}</td><td>{_iso(i.opened_ms)}</td>'
+            f"<td>{_iso(i.resolved_ms) if i.resolved_ms is not None else '—'}</td><td>{sample or '—'}</td></tr>"
+        )
+    return (
+        "<table><tr><th>status</th><th>topic</th><th>expectation</th><th>violated minutes (UTC)</th>"
+        "<th>worst</th><th>threshold</th><th>level</th><th>opened</th><th>resolved at</th>"
+        f"<th>sample of invalid records</th></tr>{''.join(rows)}</table>"
+    )
+
+
 def _seconds(ms: int | None) -> str:
     return "—" if ms is None else f"{ms / 1000:.1f} s"
 
@@ -375,7 +423,8 @@ def render_page(model: PageModel, refresh_seconds: float = REFRESH_SECONDS) -> s
         f"last hour = windows from {_iso(page.hour_from_ms)}, last day = windows from {_iso(page.day_from_ms)} "
         f"(event time, window start). The page refreshes itself every {refresh_seconds:g} s; "
         f'stream health as of <span data-field="page-ms" data-now-ms="{model.now_ms}">{_iso(model.now_ms)}</span>.</p>'
-        f"{source}<h2>Topics</h2>{_overview(model)}<h2>Stream</h2>{_stream(model.stream)}"
+        f"{source}<h2>Incidents{_as_of(model.lagging, 'incidents')}</h2>{_incidents(model)}"
+        f"<h2>Topics</h2>{_overview(model)}<h2>Stream</h2>{_stream(model.stream)}"
         f"<h2>DAG runs</h2>{_dag_runs(model.dag_runs, model.dag_ids)}"
         f"{''.join(_topic_section(t, _counted(model), model.lagging) for t in model.topics)}</body></html>"
     )

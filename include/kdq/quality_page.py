@@ -37,6 +37,8 @@ from kdq.writers_journal import WriterSummary
 MINUTE_MS = 60_000
 TOP_REASONS = 5  # per topic
 CORRECTIONS_PER_TOPIC = 10
+INCIDENTS_SHOWN = 50  # open ones first
+INCIDENTS_RECENT_HOURS = 24  # resolved and retracted incidents updated this recently are shown too
 PREVIEW_CHARS = 200  # of the sample's 512-character preview
 
 
@@ -138,12 +140,28 @@ def corrections_sql(db: str, per_topic: int = CORRECTIONS_PER_TOPIC) -> str:
     )
 
 
+def incidents_sql(db: str, recent_hours: int = INCIDENTS_RECENT_HOURS, limit: int = INCIDENTS_SHOWN) -> str:
+    """The open incidents and those updated in the last ``recent_hours`` (resolved, retracted), open first,
+    then the most recently updated (kdq.incidents, written by the expectations run)."""
+    return (
+        "SELECT incident_key, topic, expectation, status, unix_millis(first_window) AS first_ms, "
+        "unix_millis(last_window) AS last_ms, unix_millis(window_start) AS window_start_ms, "
+        "unix_millis(window_end) AS window_end_ms, worst_value, threshold, level, final, "
+        "unix_millis(resolved_window) AS resolved_ms, unix_millis(opened_at) AS opened_ms, "
+        "unix_millis(updated_at) AS updated_ms, version, sample "
+        f"FROM {db}.incidents WHERE status = 'open' "
+        f"OR updated_at >= current_timestamp() - make_interval(0, 0, 0, 0, {int(recent_hours)}) "
+        f"ORDER BY CASE WHEN status = 'open' THEN 0 ELSE 1 END, updated_at DESC, incident_key LIMIT {int(limit)}"
+    )
+
+
 def page_queries(db: str, page: PageRange) -> dict[str, str]:
     """Every statement the page runs, by the name :func:`build_model` expects its rows under."""
-    return {"counts": counts_sql(db, page), "reasons": reasons_sql(db, page), "corrections": corrections_sql(db)}
+    return {"counts": counts_sql(db, page), "reasons": reasons_sql(db, page), "corrections": corrections_sql(db),
+            "incidents": incidents_sql(db)}
 
 
-QUERIES = ("counts", "reasons", "corrections")
+QUERIES = ("counts", "reasons", "corrections", "incidents")
 NUMBERS_STATES = ("fresh", "stale", "none")
 
 
@@ -206,6 +224,37 @@ class Correction:
     run_id: str | None
     corrected_ms: int
     run_url: str | None = None  # the Airflow DAG run that made it, when Airflow knows the run id
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """One invalid record of an incident's windows (its sample): where it is and why."""
+
+    partition: int
+    offset: int
+    reason: str
+    value: str
+
+
+@dataclass(frozen=True)
+class IncidentView:
+    key: str
+    topic: str
+    expectation: str
+    status: str  # open | resolved | retracted
+    first_ms: int  # first and last violated minute
+    last_ms: int
+    window_start_ms: int  # the windows whose counts are behind it
+    window_end_ms: int
+    worst_value: float
+    threshold: float
+    level: int
+    final: bool
+    resolved_ms: int | None
+    opened_ms: int
+    updated_ms: int
+    version: int
+    sample: tuple[SampleRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -272,6 +321,8 @@ class PageModel:
     # statements whose rows are older than the counts ("reasons", "corrections": asked less often, see
     # kdq.quality_cache) -> when their rows were asked; the page shows that instant beside them
     lagging: Mapping[str, int] = field(default_factory=dict)
+    # kdq.incidents: the open ones first, then those updated in the last INCIDENTS_RECENT_HOURS
+    incidents: tuple[IncidentView, ...] = ()
 
 
 def dag_run_url(dag_id: str, run_id: str) -> str:
@@ -342,6 +393,36 @@ def shape_corrections(
             )
         )
     return {topic: tuple(corrections) for topic, corrections in out.items()}
+
+
+def _sample(text: Any) -> tuple[SampleRecord, ...]:
+    """An incident's ``sample`` column (JSON ``[{partition, offset, reason, value}]``); a malformed one is
+    shown as no sample, never an error of the page."""
+    if not text:
+        return ()
+    try:
+        items = json.loads(text)
+        return tuple(SampleRecord(int(i["partition"]), int(i["offset"]), str(i.get("reason") or ""),
+                                  str(i.get("value") or "")) for i in items)
+    except (ValueError, TypeError, KeyError):
+        return ()
+
+
+def shape_incidents(rows: Iterable[Mapping[str, Any]]) -> tuple[IncidentView, ...]:
+    """Rows of :func:`incidents_sql` → the page's incidents, in the statement's order (open first)."""
+    out = []
+    for row in rows:
+        resolved = row.get("resolved_ms")
+        out.append(IncidentView(
+            key=str(row["incident_key"]), topic=str(row["topic"]), expectation=str(row["expectation"]),
+            status=str(row["status"]), first_ms=int(row["first_ms"]), last_ms=int(row["last_ms"]),
+            window_start_ms=int(row["window_start_ms"]), window_end_ms=int(row["window_end_ms"]),
+            worst_value=float(row["worst_value"]), threshold=float(row["threshold"]), level=_int(row.get("level")),
+            final=bool(row.get("final")), resolved_ms=None if resolved is None else int(resolved),
+            opened_ms=int(row["opened_ms"]), updated_ms=int(row["updated_ms"]), version=_int(row.get("version")),
+            sample=_sample(row.get("sample")),
+        ))
+    return tuple(out)
 
 
 def correction_run_ids(rows: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -494,6 +575,7 @@ def build_model(
         numbers_ms,
         page.now_ms if now_ms is None else now_ms,
         dict(lagging or {}),
+        shape_incidents(rows.get("incidents", ())),
     )
 
 

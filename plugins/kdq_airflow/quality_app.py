@@ -263,8 +263,9 @@ def _generation(config: Any) -> tuple:
 _cache: Any = None
 _cache_lock = threading.Lock()
 # The page's statements asked less often than the counts (kdq.quality_cache): the day's top reasons with their
-# latest samples (the costliest: it reads the day's raw archive) and the recent corrections (rare).
-SLOW_STATEMENTS = {"reasons": 30.0, "corrections": 30.0}
+# latest samples (the costliest: it reads the day's raw archive), the recent corrections (rare) and the incidents
+# (the expectations run updates them once a minute).
+SLOW_STATEMENTS = {"reasons": 30.0, "corrections": 30.0, "incidents": 15.0}
 FIRST_ANSWER_SECONDS = 1.0  # a page with no answer at all yet waits this long for one, then paints without
 
 

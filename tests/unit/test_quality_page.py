@@ -239,6 +239,34 @@ def test_page_without_the_endpoint_says_why_and_still_shows_stream_health() -> N
     assert "<svg" not in render_page(model)
 
 
+def test_incidents_open_first_with_their_windows_values_and_samples_escaped() -> None:
+    minute = NOW // MINUTE_MS * MINUTE_MS
+    sample = json.dumps([{"partition": 2, "offset": 17, "reason": "not_json", "value": "<script>x</script>"}])
+    row = {"incident_key": "orders|invalid_ratio|1", "topic": "orders", "expectation": "invalid_ratio",
+           "status": "open", "first_ms": minute - 3 * MINUTE_MS, "last_ms": minute - MINUTE_MS,
+           "window_start_ms": minute - 3 * MINUTE_MS, "window_end_ms": minute, "worst_value": 0.625,
+           "threshold": 0.3, "level": 1, "final": False, "resolved_ms": None, "opened_ms": minute - 2 * MINUTE_MS,
+           "updated_ms": minute, "version": 3, "sample": sample}
+    stream = {**row, "incident_key": "(stream)|batch_failing|1", "topic": "(stream)", "expectation": "batch_failing",
+              "status": "resolved", "worst_value": 3.0, "threshold": 0.0, "final": True, "resolved_ms": minute,
+              "sample": "not json"}
+    counts = [{"scale": "hour", "topic": "orders", "bucket_ms": minute, "valid": 1, "invalid": 0}]
+    model = build_model(PageRange(NOW), {"counts": counts, "incidents": [row, stream]}, StreamHealth(state="running"))
+    assert [(i.topic, i.status) for i in model.incidents] == [("orders", "open"), ("(stream)", "resolved")]
+    assert model.incidents[1].sample == ()  # a malformed sample shows as none, never breaks the page
+    html = render_page(model)
+    parser = _Cells()
+    parser.feed(html)
+    assert parser.cells[("orders", "incident", "incident-status")] == ["open (provisional)"]
+    assert parser.cells[("orders", "incident", "worst")] == ["62.50 %"]
+    assert parser.cells[("orders", "incident", "threshold")] == ["30.00 %"]
+    assert parser.cells[("(stream)", "incident", "worst")] == ["3"]
+    assert "#topic-orders" in parser.links  # the topic's own section, with its charts and reasons
+    assert "partition 2 offset 17" in html and "&lt;script&gt;" in html and "<script>x" not in html
+    empty = render_page(build_model(PageRange(NOW), {"counts": counts}, StreamHealth(state="running")))
+    assert 'data-field="no-incidents"' in empty
+
+
 def test_chart_has_one_bar_group_per_bucket_and_a_ratio_line() -> None:
     page = PageRange(NOW)
     minute = NOW // MINUTE_MS * MINUTE_MS
@@ -321,8 +349,29 @@ def test_page_sql_on_delta_tables(spark, spark_config) -> None:
         f"{ts(minute + HOUR_MS)}, 'manual__x', 'late_data', current_timestamp())"
     )
 
+    sample = json.dumps([{"partition": 1, "offset": 40, "reason": "not_json", "value": "nope"}])
+
+    def incident(key: str, status: str, updated_ms: int, worst: float) -> str:
+        resolved = "NULL" if status == "open" else ts(minute)
+        return (f"('{topic}|{key}', '{topic}', '{key}', '{status}', {ts(minute - 5 * MINUTE_MS)}, {ts(minute)}, "
+                f"{ts(minute - MINUTE_MS)}, {ts(minute)}, {worst}, 0.3, 1, false, {resolved}, "
+                f"{ts(minute - MINUTE_MS)}, {ts(updated_ms)}, {ts(updated_ms)}, 2, '{sample}')")
+
+    spark.sql(f"INSERT INTO {db}.incidents VALUES " + ", ".join([
+        incident("invalid_ratio", "open", now - MINUTE_MS, 0.75),
+        incident("silence", "resolved", now - 2 * MINUTE_MS, 0.0),
+        incident("reason_count:not_json", "resolved", now - 30 * HOUR_MS, 300.0),  # older than a day: not shown
+    ]))
+
     rows = {name: rows_as_dicts(spark.sql(sql).collect()) for name, sql in page_queries(db, page).items()}
     model = build_model(page, rows, StreamHealth(state="running"))
+    mine = [i for i in model.incidents if i.topic == topic]
+    assert [(i.expectation, i.status) for i in mine] == [("invalid_ratio", "open"), ("silence", "resolved")]
+    assert (mine[0].worst_value, mine[0].threshold, mine[0].level, mine[0].first_ms) == (0.75, 0.3, 1,
+                                                                                         minute - MINUTE_MS)
+    assert [(r.partition, r.offset, r.value) for r in mine[0].sample] == [(1, 40, "nope")]
+    html = render_page(model)
+    assert f'data-key="{topic}|invalid_ratio" data-status="open"' in html and "75.00 %" in html
     [view] = [t for t in model.topics if t.topic == topic]
     assert (view.hour.valid, view.hour.invalid) == (5, 3)
     assert (view.day.valid, view.day.invalid) == (12, 3)
