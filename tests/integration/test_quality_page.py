@@ -191,6 +191,21 @@ def test_quality_page_shows_the_delta_numbers(spark, local_stack, airflow_local,
     [run_id] = {c["run_id"] for c in corrections}
     run_page = f"/dags/kdq_hourly_recompute/runs/{quote(run_id, safe='')}"  # the Airflow UI's route of the run
 
+    # A burst of invalid records on a topic of its own opens an incident (the shipped expectation, see
+    # config/rules/topics.toml: more than 30 % invalid of at least 50 records in a minute) once the
+    # kdq_expectations DAG's run evaluates it; the page shows it as kdq.incidents holds it.
+    burst_topic = f"{airflow_local.prefix}-burst"
+    local_stack.kafka.create_topic(burst_topic, partitions=1)
+    burst_ts = int(time.time() * 1000) // 1000 * 1000
+    produce(config.kafka_bootstrap(), burst_topic, [(0, f"burst {i}".encode(), burst_ts) for i in range(60)])
+    burst_counts = expected_counts(burst_topic, [(burst_ts, False)] * 60)
+    wait_for(lambda: window_counts(spark, config, burst_topic) == burst_counts, 300, "the stream counts the burst")
+    dags_test(airflow, "kdq_expectations", datetime.now(UTC))
+    [incident] = delta(spark, config, "incidents", burst_topic).collect()
+    assert (incident["expectation"], incident["status"], incident["worst_value"]) == ("invalid_ratio", "open", 1.0)
+    burst_sample = json.loads(incident["sample"])
+    assert [s["reason"] for s in burst_sample] == ["not_json"] * 3
+
     # Registered as a navigation entry of the UI that frames the page.
     plugins = requests.get(
         f"{airflow.url}/api/v2/plugins", headers={"Authorization": f"Bearer {airflow.api().token()}"}, timeout=30
@@ -322,6 +337,15 @@ def test_quality_page_shows_the_delta_numbers(spark, local_stack, airflow_local,
                 assert (row["valid"], row["reason"]) == (False, reason)
                 if reason == "not_json":
                     assert value == bytes(row["value"]).decode()
+
+            # Incidents: the burst's, as kdq.incidents holds it, with its sample's positions and a link to its topic.
+            assert cells[(burst_topic, "incident", "expectation")] == ["invalid_ratio"]
+            assert cells[(burst_topic, "incident", "incident-status")][0].startswith("open")
+            assert cells[(burst_topic, "incident", "worst")] == ["100.00 %"]
+            assert cells[(burst_topic, "incident", "threshold")] == [f"{incident['threshold'] * 100:.2f} %"]
+            assert [c.split(":")[0] for c in cells[(burst_topic, "incident", "sample")]] == [
+                f"partition {s['partition']} offset {s['offset']}" for s in burst_sample
+            ]
 
             # Corrections: what the table holds, each linked to the hourly DAG's run that made it.
             expected_corrections = Counter(
