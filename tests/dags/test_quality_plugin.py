@@ -83,7 +83,7 @@ def test_a_deployment_names_its_endpoint_and_the_page_uses_it(tmp_path: Path, mo
     monkeypatch.setenv(quality_app.ENDPOINT_URL_ENV, "sc://sql-endpoint:15002")
     rows, error, source, _ = quality_app._rows(config, page)
     assert error is None and source == "sc://sql-endpoint:15002" and asked == ["sc://sql-endpoint:15002"]
-    assert set(rows) == {"counts", "reasons", "corrections"}
+    assert set(rows) == {"counts", "reasons", "corrections", "incidents"}
 
 
 def test_a_configured_endpoint_that_does_not_listen_is_reported_at_once(tmp_path: Path, monkeypatch) -> None:
