@@ -58,8 +58,8 @@ _TABLE_KEYS: dict[str, dict[str, Any]] = {
     "reason": {"reason": None, "count_above": None, "share_above": None, "over_minutes": 1, "min_records": None},
     "anomaly": {f.name: f.default for f in dataclasses.fields(AnomalySettings)},
 }
-_TOP_KEYS = ("invalid_ratio", "silence", "anomaly", "latency", "lag", "batch_failing", "batch_running", "recompute", "unruled_topic", "reason", "topic",
-             "clear_after_minutes")
+_TOP_KEYS = ("invalid_ratio", "silence", "anomaly", "latency", "lag", "batch_failing", "batch_running", "recompute",
+             "unruled_topic", "reason", "topic", "clear_after_minutes")
 # About the stream, so only in the defaults: its end-to-end latency and consumer lag (from its progress), a
 # micro-batch failing again and again or running too long (kdq.batch_failures' files, what the supervisor reads).
 # And the batch layer's: minutes since the hourly recompute last ended well (kdq.writers_journal).

@@ -194,3 +194,21 @@ def test_rows_readers_and_outbox_rows() -> None:
     (row,) = table.outbox.values()
     assert set(row) == set(INCIDENT_NOTIFICATIONS.column_names)
     assert json.loads(row["payload"])["status"] == "open"
+
+
+def test_the_unruled_check_sees_the_clusters_topics_and_survives_a_broker_outage(monkeypatch, tmp_path) -> None:
+    """A topic created a moment ago (no counts yet) is judged too: the cluster's topics the stream reads join the
+    counted ones; a broker that does not answer leaves the counted ones."""
+    import kdq.spark.backfill as backfill
+    from kdq.spark.expectations import monitored_topics
+    from tests.conftest import make_config
+
+    config = make_config(tmp_path)
+    monkeypatch.setattr(backfill, "list_topics", lambda config: ["fresh.topic", "orders"])
+    assert monitored_topics(config, ["orders", "payments"]) == ["fresh.topic", "orders", "payments"]
+
+    def down(config):
+        raise RuntimeError("KafkaError{code=_TRANSPORT}")
+
+    monkeypatch.setattr(backfill, "list_topics", down)
+    assert monitored_topics(config, ["orders"]) == ["orders"]
