@@ -167,3 +167,5 @@ def test_a_batch_job_really_runs_in_the_idle_class() -> None:
     out = subprocess.run([*priority_prefix("batch_recompute"), sys.executable, "-c", probe], capture_output=True,
                          text=True, check=True, timeout=30).stdout.split()
     assert out == ["True", str(min(os.nice(0) + 10, 19))], out
+    # The expectations run is due within the minute: nice, not the idle class.
+    assert priority_prefix("evaluate_expectations") == ["nice", "-n", "10"]

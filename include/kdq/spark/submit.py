@@ -61,6 +61,9 @@ BACKGROUND_JOBS = {"maintenance": 1}  # job -> its cores
 # hourly recompute and the maintenance at the stream's priority made its batches 1.2x slower and SQL 1.2-1.6x).
 LONG_RUNNING_JOBS = frozenset({"stream_counts", "sql_endpoint"})
 BATCH_NICENESS = 10  # relative: the local stack's Airflow already runs at kdq.stack.procs.SERVICE_NICENESS
+# Batch jobs someone waits for within the minute: the expectations run (an incident opens within a minute of its
+# records) stays out of the idle class, which on a saturated machine could hold it for minutes; nice only.
+PROMPT_BATCH_JOBS = frozenset({"evaluate_expectations"})
 
 
 def cores_max(config: Config, job: str) -> int:
@@ -91,10 +94,12 @@ def priority_prefix(job: str) -> list[str]:
     Why SCHED_IDLE and not nice alone: nice +9 below the stream still gives a CPU-bound batch job about an eighth of
     a core the stream wants (CFS weights 110 against 15); with the daily jobs running, the stream's p99 produce ->
     visible was 1.39x its quiet figure (benchmarks/results/local_run.md). An idle-class job uses the cycles the
-    stream and the endpoint leave, which under `make run` is a fifth of the machine or more."""
+    stream and the endpoint leave, which under `make run` is a fifth of the machine or more. The expectations run
+    (:data:`PROMPT_BATCH_JOBS`) gets ``nice`` only: an incident is due within a minute."""
     if job in LONG_RUNNING_JOBS:
         return []
-    prefix = ["chrt", "--idle", "0"] if sys.platform.startswith("linux") and shutil.which("chrt") else []
+    idle = job not in PROMPT_BATCH_JOBS and sys.platform.startswith("linux") and shutil.which("chrt")
+    prefix = ["chrt", "--idle", "0"] if idle else []
     if shutil.which("nice"):
         prefix += ["nice", "-n", str(BATCH_NICENESS)]
     return prefix
