@@ -68,15 +68,21 @@ def kdq_supervisor_interval(default: timedelta = DEFAULT_SUPERVISOR_INTERVAL) ->
     30 s. Below 10 s the supervisor's own task start-up would overlap the next run, so that is refused, as
     is a malformed value (an import error naming the variable, not a silently different schedule).
     """
-    value = os.environ.get(SUPERVISOR_INTERVAL_ENV, "").strip()
+    return _seconds_from_env(SUPERVISOR_INTERVAL_ENV, default, at_least=10)
+
+
+def _seconds_from_env(name: str, default: timedelta, at_least: float) -> timedelta:
+    """``$name`` as a number of seconds (at least ``at_least``), or ``default`` when unset; a malformed or too
+    small value raises ValueError naming the variable (at DAG import: never a silently different schedule)."""
+    value = os.environ.get(name, "").strip()
     if not value:
         return default
     try:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
-    if not seconds >= 10:
-        raise ValueError(f"{SUPERVISOR_INTERVAL_ENV}={value!r}: expected a number of seconds, at least 10")
+    if not seconds >= at_least:
+        raise ValueError(f"{name}={value!r}: expected a number of seconds, at least {at_least:g}")
     return timedelta(seconds=seconds)
 
 
@@ -137,16 +143,7 @@ def kdq_expectations_interval(default: timedelta = DEFAULT_EXPECTATIONS_INTERVAL
     The interval bounds how late an incident opens after its records were counted (issue 27 asks for within a
     minute). At least 30 s: each run starts a Spark session, and a shorter interval would queue runs behind
     each other (the DAG runs one at a time). A malformed value is an import error naming the variable."""
-    value = os.environ.get(EXPECTATIONS_INTERVAL_ENV, "").strip()
-    if not value:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 30:
-        raise ValueError(f"{EXPECTATIONS_INTERVAL_ENV}={value!r}: expected a number of seconds, at least 30")
-    return timedelta(seconds=seconds)
+    return _seconds_from_env(EXPECTATIONS_INTERVAL_ENV, default, at_least=30)
 
 
 def kdq_notify_connections(default: tuple[str, ...] = DEFAULT_NOTIFY_CONNECTIONS) -> tuple[str, ...]:

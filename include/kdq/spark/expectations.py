@@ -38,7 +38,7 @@ from kdq.incidents import Incident, incident_from_row, incident_row
 from kdq.job_reports import ExpectationsReport
 from kdq.rules import load_rules
 from kdq.spark.tables import table_path
-from kdq.spark.writers import delta_snapshot, retry_on_conflict
+from kdq.spark.writers import delta_snapshot, insert_absent, retry_on_conflict
 from kdq.stream_state import stream_status
 from kdq.tables import INCIDENT_NOTIFICATIONS, INCIDENTS, INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.windows import range_hours
@@ -137,18 +137,8 @@ def stored_incidents(incidents: DataFrame) -> list[Incident]:
 
 def insert_notifications(spark: SparkSession, config: Config, rows: Sequence[dict[str, Any]]) -> None:
     """Insert outbox rows whose ``notification_id`` is not there yet (a re-run inserts nothing)."""
-    if not rows:
-        return
-    from delta.tables import DeltaTable
-
-    source = spark.createDataFrame([tuple(r[c] for c in INCIDENT_NOTIFICATIONS.column_names) for r in rows],
-                                   INCIDENT_NOTIFICATIONS.ddl_columns)
-    target = DeltaTable.forPath(spark, table_path(config, INCIDENT_NOTIFICATIONS))
-    retry_on_conflict(
-        lambda: target.alias("t").merge(source.alias("s"), "t.notification_id = s.notification_id")
-        .whenNotMatchedInsertAll().execute(),
-        "incident_notifications",
-    )
+    insert_absent(spark, config, INCIDENT_NOTIFICATIONS,
+                  [tuple(r[c] for c in INCIDENT_NOTIFICATIONS.column_names) for r in rows], ["notification_id"])
 
 
 def merge_incidents(spark: SparkSession, config: Config, rows: Sequence[dict[str, Any]]) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kdq.config import Config
 from kdq.notify import CHANNELS_ENV, Channel, channels_from_json, deliver
 from kdq.spark.tables import table_path
-from kdq.spark.writers import retry_on_conflict
+from kdq.spark.writers import insert_absent
 from kdq.tables import INCIDENT_DELIVERIES, INCIDENT_NOTIFICATIONS
 
 if TYPE_CHECKING:
@@ -42,19 +42,9 @@ def due_notifications(outbox: DataFrame, deliveries: DataFrame, since_ms: int) -
 
 def record_deliveries(spark: SparkSession, config: Config, delivered: Sequence[tuple[str, str, int]], now_ms: int) -> None:
     """Insert (notification_id, channel) rows not there yet."""
-    if not delivered:
-        return
-    from delta.tables import DeltaTable
-
     at = datetime.fromtimestamp(now_ms / 1000, tz=UTC)
-    source = spark.createDataFrame([(nid, channel, at, attempts) for nid, channel, attempts in delivered],
-                                   INCIDENT_DELIVERIES.ddl_columns)
-    target = DeltaTable.forPath(spark, table_path(config, INCIDENT_DELIVERIES))
-    retry_on_conflict(
-        lambda: target.alias("t").merge(source.alias("s"), "t.notification_id = s.notification_id AND t.channel = s.channel")
-        .whenNotMatchedInsertAll().execute(),
-        "incident_deliveries",
-    )
+    insert_absent(spark, config, INCIDENT_DELIVERIES,
+                  [(nid, channel, at, attempts) for nid, channel, attempts in delivered], ["notification_id", "channel"])
 
 
 def deliver_pending(

@@ -228,6 +228,20 @@ def adjust_invalid_reasons(
     return retry_on_conflict(once, f"invalid_reasons ({app_id})")
 
 
+def insert_absent(spark: SparkSession, config: Config, spec: TableSpec, rows: Sequence[tuple], key: Sequence[str]) -> None:
+    """Insert the ``rows`` (tuples in ``spec``'s column order) whose ``key`` columns are not in the table yet: a
+    MERGE with inserts only, so a re-run, or a retry after a conflict, inserts nothing twice."""
+    if not rows:
+        return
+    from delta.tables import DeltaTable
+
+    source = spark.createDataFrame(list(rows), spec.ddl_columns)
+    target = DeltaTable.forPath(spark, table_path(config, spec))
+    on = " AND ".join(f"t.`{c}` = s.`{c}`" for c in key)
+    retry_on_conflict(lambda: target.alias("t").merge(source.alias("s"), on).whenNotMatchedInsertAll().execute(),
+                      spec.name)
+
+
 def txn_version(spark: SparkSession, path: str, app_id: str) -> int:
     """The last idempotent-write version ``app_id`` committed to the table at ``path`` (-1: none).
 
