@@ -280,7 +280,13 @@ def test_quality_page_shows_the_delta_numbers(spark, local_stack, airflow_local,
         # The reasons and corrections are asked less often than the counts (kdq.quality_cache's slow
         # statements): compare once none is older than the counts beside it.
         consistent_row = f'body[data-numbers="fresh"][data-lagging=""] [data-row="overview"][data-topic="{topic}"]'
-        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, consistent_row))
+        # "Fresh" holds every commit up to 10 s old: the incident, committed just before, may come a round later.
+        burst_row = f'body[data-lagging=""] [data-row="incident"][data-topic="{burst_topic}"]'
+
+        def consistent(d) -> bool:
+            return bool(d.find_elements(By.CSS_SELECTOR, consistent_row) and d.find_elements(By.CSS_SELECTOR, burst_row))
+
+        wait.until(consistent)
         framed = read_page(driver)
         driver.switch_to.default_content()
         time.sleep(1)
@@ -288,7 +294,7 @@ def test_quality_page_shows_the_delta_numbers(spark, local_stack, airflow_local,
 
         # The same page on its own, every section in one screenshot.
         driver.get(f"{airflow.url}{PAGE}")
-        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, consistent_row))
+        wait.until(consistent)
         shown = read_page(driver)
         screenshot = ARTIFACTS / "quality-page.png"
         full_page_screenshot(driver, screenshot)
