@@ -28,7 +28,12 @@ The stream's figures come from its progress log: per micro-batch committed durin
 demo's out-of-order records is mostly their deliberate age). Everything started is stopped in ``finally``
 (``kdq down``, then any process left that names the work folder).
 
-Results in ``benchmarks/results/local_run.{json,md}``, with the issue's targets as checks.
+Then, unless ``--burst 0``: **an incident** (issue 27). ``kdq demo --burst N`` (N invalid records to the demo's
+``orders`` topic, as a user asks for one), then ``kdq.incidents`` polled over Spark Connect every 2 s until the
+burst's ``invalid_ratio`` incident is there: seconds from the burst's last record produced to the row visible
+(the stream counts it, the ``kdq_expectations`` DAG's next run, every minute, judges it), at most 5 minutes.
+
+Results in ``benchmarks/results/local_run.{json,md}``, with the issues' targets as checks.
 """
 
 from __future__ import annotations
@@ -64,8 +69,11 @@ PAGE_FIRST_PAINT_P95_S = 1.0
 SQL_MEDIAN_S = 1.0
 KDQ_SQL_S = 3.0
 STREAM_P99_RATIO = 1.2
+INCIDENT_OPEN_S = 60.0  # issue 27: an incident opens within one minute of its records being produced
+INCIDENT_DEADLINE_S = 300.0
 QUIET, JOBS = "quiet", "daily_jobs"
-PHASE_TITLES = {QUIET: "quiet (stream + demo)", JOBS: "daily jobs running"}
+INCIDENT = "incident"
+PHASE_TITLES = {QUIET: "quiet (stream + demo)", JOBS: "daily jobs running", INCIDENT: "after `kdq demo --burst`"}
 # Probes in turn: the page every other one.
 ROTATION = ("page", "connect", "page", "jdbc", "page", "kdq_sql")
 JOB_DAGS = ("kdq_maintenance", "kdq_hourly_recompute")
@@ -247,6 +255,29 @@ def targets(phases: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def incident_target(incident: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Issue 27's: the burst's incident visible within a minute of its last record (none when not measured)."""
+    if not incident:
+        return []
+    return [check("incident open <= 60 s after the burst (issue 27)", INCIDENT, incident.get("open_seconds"),
+                  INCIDENT_OPEN_S)]
+
+
+def incident_query(opened_after: datetime) -> str:
+    """The burst's incident: an ``invalid_ratio`` one opened after the burst began, on the burst's topic."""
+    return (
+        "SELECT topic, expectation, status, worst_value, opened_at FROM kdq.incidents "
+        f"WHERE expectation = 'invalid_ratio' AND topic = 'orders' "
+        f"AND opened_at >= TIMESTAMP '{opened_after.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S')}'"
+    )
+
+
+def shows_rows(table: str) -> bool:
+    """Whether a ``show()`` table has a data row (a header framed by +---+ lines, then rows, then a last line)."""
+    lines = [line for line in table.splitlines() if line.strip()]
+    return sum(1 for line in lines if line.startswith("|")) > 1
+
+
 def phase_figures(
     samples: Sequence[Mapping[str, Any]],
     loads: Sequence[Mapping[str, Any]],
@@ -359,7 +390,8 @@ def markdown(result: Mapping[str, Any]) -> str:
         "MERGE's commit; the demo's out-of-order records carry their event time, up to 80 % of the allowed lateness "
         f"({result.get('parameters', {}).get('allowed_lateness_seconds', '?')} s) old, as their Kafka timestamp, so the "
         "oldest record's figure is mostly their age.\n\n"
-        f"## Targets (issue 25)\n\n{checks}\n"
+        + incident_section(result.get("incident"))
+        + f"## Targets (issues 25 and 27)\n\n{checks}\n"
         "## The daily jobs (triggered at the start of the second phase)\n\n" + (jobs or "none triggered\n")
     )
 
@@ -703,6 +735,56 @@ def run_phase(
     return {"start_ms": start_ms, "end_ms": int(time.time() * 1000), "samples": samples, "loads": loads}
 
 
+def incident_section(incident: Mapping[str, Any] | None) -> str:
+    if not incident:
+        return ""
+    return (
+        f"## An incident from `kdq demo --burst {incident.get('burst')}`\n\n"
+        f"The burst produced in {_s(incident.get('produce_seconds'))}; its `invalid_ratio` incident visible in "
+        f"`kdq.incidents` (Spark Connect, polled every 2 s) **{_s(incident.get('open_seconds'))}** after its last "
+        f"record ({incident.get('polls')} polls)"
+        + (f"; {incident['error']}" if incident.get("error") else "")
+        + ".\n\n"
+    )
+
+
+def measure_incident(stack: Any, config: Config, burst: int, t0: float,
+                     deadline_s: float = INCIDENT_DEADLINE_S) -> dict[str, Any]:
+    """`kdq demo --burst N` as a user types it, then kdq.incidents over Spark Connect until the burst's incident."""
+    import subprocess
+
+    from kdq.sql_client import LightConnectClient
+
+    began = datetime.now(UTC)
+    out: dict[str, Any] = {"burst": burst, "started_at": _iso(began), "polls": 0}
+    started = time.monotonic()
+    done = subprocess.run([str(PROJECT / ".venv" / "bin" / "kdq"), "demo", "--burst", str(burst)],
+                          env={**os.environ, "KDQ_CONFIG": config.source}, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        return {**out, "error": f"kdq demo --burst exited {done.returncode}: {done.stderr[-300:]}"}
+    produced = time.monotonic()
+    out["produce_seconds"] = round(produced - started, 2)
+    _say(t0, f"burst of {burst} invalid records produced: polling kdq.incidents")
+    client = LightConnectClient(stack.sql_endpoint.connect_url, timeout=60)
+    try:
+        while time.monotonic() - produced < deadline_s:
+            out["polls"] += 1
+            try:
+                table = client.show(incident_query(began), 5)
+            except Exception as exc:  # the endpoint busy or restarting: the next poll asks again
+                out["poll_error"] = repr(exc)[:200]
+                table = ""
+            if shows_rows(table):
+                out["open_seconds"] = round(time.monotonic() - produced, 1)
+                out["row"] = table
+                _say(t0, f"incident visible {out['open_seconds']} s after the burst:\n{table}")
+                return out
+            time.sleep(2)
+    finally:
+        client.close()
+    return {**out, "error": f"no incident within {deadline_s:.0f} s"}
+
+
 def code_state() -> dict:
     from benchmarks.chaos import code_state as chaos_code_state
 
@@ -720,6 +802,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the daily-jobs phase goes on while their runs have not ended, at most this much longer",
     )
     parser.add_argument("--demo-args", default="", help='kdq demo options, as `make run DEMO="..."` (default: none)')
+    parser.add_argument("--burst", type=int, default=400,
+                        help="invalid records of the incident measurement (kdq demo --burst N; 0: none; default 400)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (printed)")
     parser.add_argument("--no-save", action="store_true", help="print the results, write no results files")
     args = parser.parse_args(argv)
@@ -801,6 +885,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         follow_jobs(api, runs)
         job_tasks(api, runs)
+        if args.burst > 0:
+            result["incident"] = measure_incident(stack, config, args.burst, t0)
         result["dag_runs"] = all_dag_runs(api, start_wall - timedelta(minutes=5))
         result["page_marker"] = "data-numbers" if "data-numbers" in probes.markers else "sql-source"
         progress = read_progress_log(config, max_bytes=16 * 1024 * 1024)
@@ -808,7 +894,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             name: phase_figures(r["samples"], r["loads"], progress, r["start_ms"], r["end_ms"])
             for name, r in raw.items()
         }
-        result["targets"] = targets(result["phases"])
+        result["targets"] = targets(result["phases"]) + incident_target(result.get("incident"))
         result["samples"] = {name: {"samples": r["samples"], "loads": r["loads"]} for name, r in raw.items()}
     except KeyboardInterrupt as exc:
         failure = f"interrupted ({exc or 'SIGINT'})"

@@ -2,7 +2,7 @@
 ### kdq expectations
 
 Every minute (`KDQ_AIRFLOW_EXPECTATIONS_SECONDS` changes it, at least 30 s) `spark_jobs/evaluate_expectations.py`
-judges the expectations of `config/rules/topics.toml` (`[expectations]`, docs/expectations.md) on the per-minute
+starts and, every 15 s until the next run is due (`--every`, `--for-seconds`), judges the expectations of `config/rules/topics.toml` (`[expectations]`, docs/expectations.md) on the per-minute
 counts of `window_counts` and on the stream's last progress, updates the incidents in `kdq.incidents`, and sends
 the notifications no channel has delivered yet:
 
@@ -22,17 +22,27 @@ from datetime import timedelta
 
 from airflow.sdk import DAG
 
-from kdq_airflow.defaults import kdq_default_args, kdq_expectations_interval, kdq_notify_connections, kdq_start_date
+from kdq_airflow.defaults import (
+    kdq_default_args,
+    kdq_expectations_interval,
+    kdq_expectations_repeat,
+    kdq_notify_connections,
+    kdq_start_date,
+)
 from kdq_airflow.operators import ExpectationsOperator
+
+interval = kdq_expectations_interval()
+every, for_seconds = kdq_expectations_repeat(interval)
 
 with DAG(
     dag_id="kdq_expectations",
     doc_md=__doc__,
-    schedule=kdq_expectations_interval(),
+    schedule=interval,
     start_date=kdq_start_date(),
     catchup=False,
     max_active_runs=1,
     tags=["kdq", "expectations"],
     default_args=kdq_default_args(retry_delay=timedelta(seconds=20), execution_timeout=timedelta(minutes=5)),
 ):
-    ExpectationsOperator(task_id="evaluate_and_notify", channel_conn_ids=kdq_notify_connections())
+    ExpectationsOperator(task_id="evaluate_and_notify", channel_conn_ids=kdq_notify_connections(),
+                         every_seconds=every, for_seconds=for_seconds)

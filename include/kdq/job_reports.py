@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -303,3 +303,41 @@ class ExpectationsReport(JobReport):
     notifications_total: int = 0
     notifications: list[dict] = field(default_factory=list)
     delivery: dict[str, Any] | None = None
+    evaluations: int = 1
+
+    @classmethod
+    def combined(cls, reports: Sequence[ExpectationsReport]) -> ExpectationsReport:
+        """Several evaluations of one run (``--every``) as one report: the last one's window, version and open
+        incidents; the changes, notifications and deliveries of all of them."""
+        last = reports[-1]
+        return dataclasses.replace(
+            last,
+            ok=all(r.ok for r in reports),
+            seconds=sum(r.seconds for r in reports),
+            verdicts=sum(r.verdicts for r in reports),
+            violated=sum(r.violated for r in reports),
+            incidents_changed=sum(r.incidents_changed for r in reports),
+            notifications_total=sum(r.notifications_total for r in reports),
+            notifications=[n for r in reports for n in r.notifications][:100],
+            delivery=_summed([r.delivery for r in reports if r.delivery is not None]),
+            evaluations=sum(r.evaluations for r in reports),
+        )
+
+
+def _summed(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Dicts of counts added key by key (nested dicts too), lists joined (at most 20), anything else the last."""
+    if not parts:
+        return None
+    out: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            have = out.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float, list, dict)) or have is None:
+                out[key] = value if not isinstance(value, dict) else _summed([value])
+            elif isinstance(value, dict):
+                out[key] = _summed([have, value])
+            elif isinstance(value, list):
+                out[key] = list(dict.fromkeys([*have, *value]))[:20] if key == "channels" else [*have, *value][:20]
+            else:
+                out[key] = have + value
+    return out

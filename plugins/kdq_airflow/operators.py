@@ -250,8 +250,11 @@ class ExpectationsOperator(KdqSparkJobOperator):
 
     The channels reach the job as ``KDQ_NOTIFY_CHANNELS`` in its environment, never on its command line."""
 
-    def __init__(self, *, channel_conn_ids: Sequence[str] = (), horizon_minutes: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, channel_conn_ids: Sequence[str] = (), horizon_minutes: int | None = None,
+                 every_seconds: float = 0.0, for_seconds: float = 0.0, **kwargs: Any) -> None:
         job_args = ["--deliver", *([f"--horizon-minutes={int(horizon_minutes)}"] if horizon_minutes else [])]
+        if every_seconds:  # evaluate again in the same session (see the job's --every)
+            job_args += [f"--every={every_seconds:g}", f"--for-seconds={for_seconds:g}"]
         super().__init__(job="evaluate_expectations", job_args=job_args, **kwargs)
         self.channel_conn_ids = list(channel_conn_ids)
 

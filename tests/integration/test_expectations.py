@@ -2,7 +2,7 @@
 
 Counts are committed with the stream's own writer (:func:`kdq.spark.writers.merge_window_increments`), the
 evaluation job runs in-process (``spark_jobs/evaluate_expectations.run``, its time pinned with ``--now``), and
-its notifications go to an SMTP server and an HTTP webhook receiver started here. A burst of invalid records
+its notifications go to a real SMTP server (aiosmtpd) and an HTTP webhook receiver started here. A burst of invalid records
 opens one incident and one message per channel; more worsen it; normal traffic resolves it; a re-run with the
 same inputs writes and sends nothing; a late correction that pushes a past window over the threshold opens one
 incident for that window, once; a channel that fails once is retried, a dead one never fails the run.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,6 +25,7 @@ from kdq.notify import CHANNELS_ENV, WebhookChannel
 from kdq.spark.notify import deliver_pending
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import append_archive, delta_snapshot, merge_window_increments
+from kdq.stack.procs import free_port
 from kdq.tables import INCIDENT_DELIVERIES, INCIDENTS, RAW_ARCHIVE
 from kdq.windows import event_hour
 from tests.conftest import make_config
@@ -41,39 +41,25 @@ invalid_ratio = { above = 0.05, over_minutes = 5, min_records = 20, worsen_at = 
 """
 
 
-class SmtpReceiver(socketserver.ThreadingTCPServer):
-    """Just enough of an SMTP server (RFC 5321's commands smtplib sends) to receive whole messages."""
-
-    daemon_threads = True
-    allow_reuse_address = True
+class SmtpReceiver:
+    """A real SMTP server (aiosmtpd, aio-libs') on a free loopback port that keeps every message it receives."""
 
     def __init__(self) -> None:
+        from aiosmtpd.controller import Controller
+
         self.messages: list[str] = []
-        super().__init__(("127.0.0.1", 0), _SmtpSession)
+        self.controller = Controller(self, hostname="127.0.0.1", port=free_port())
+        self.server_address = ("127.0.0.1", self.controller.port)
 
+    async def handle_DATA(self, server, session, envelope) -> str:  # noqa: N802 (aiosmtpd's handler hook)
+        self.messages.append(envelope.content.decode("utf-8", "replace"))
+        return "250 Message accepted for delivery"
 
-class _SmtpSession(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        def reply(text: str) -> None:
-            self.wfile.write(f"{text}\r\n".encode())
+    def start(self) -> None:
+        self.controller.start()
 
-        reply("220 kdq-test ESMTP")
-        while line := self.rfile.readline():
-            command = line.decode().strip().upper()
-            if command.startswith(("EHLO", "HELO")):
-                reply("250 kdq-test")
-            elif command == "DATA":
-                reply("354 end with <CRLF>.<CRLF>")
-                data = []
-                while (body := self.rfile.readline()) not in (b".\r\n", b""):
-                    data.append(body.decode())
-                self.server.messages.append("".join(data))  # type: ignore[attr-defined]
-                reply("250 queued")
-            elif command == "QUIT":
-                reply("221 bye")
-                return
-            else:  # MAIL FROM, RCPT TO, RSET, NOOP
-                reply("250 ok")
+    def stop(self) -> None:
+        self.controller.stop()
 
 
 class WebhookReceiver(ThreadingHTTPServer):
@@ -104,15 +90,15 @@ class _WebhookHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def receivers():
     smtp, hook = SmtpReceiver(), WebhookReceiver(fail_first=1)
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (smtp, hook)]
-    for t in threads:
-        t.start()
+    smtp.start()
+    serving = threading.Thread(target=hook.serve_forever, daemon=True)
+    serving.start()
     try:
         yield smtp, hook
     finally:
-        for s in (smtp, hook):
-            s.shutdown()
-            s.server_close()
+        smtp.stop()
+        hook.shutdown()
+        hook.server_close()
 
 
 class Traffic:
@@ -262,3 +248,98 @@ def test_the_dags_operator_gives_the_job_its_airflow_connections(spark, tmp_path
     assert report["ok"] and [n["event"] for n in report["notifications"]] == ["open"], report
     assert report["delivery"]["channels"] == ["kdq_webhook"] and report["delivery"]["sent"] == {"kdq_webhook": 1}
     assert [b["event"] for b in hook.bodies] == ["open"] and hook.bodies[0]["topic"] == "orders"
+
+
+def test_a_run_killed_between_its_writes_then_two_runs_at_once_notify_each_event_once(spark, tmp_path: Path,
+                                                                                     receivers) -> None:
+    """Overlap (the scheduled run beside a manual one) and a kill, with the job as spark-submit runs it: a run
+    killed after it filled the outbox but before it stored the incident; then two runs started together while
+    a third party holds the evaluation lease, both waiting, both let go at once. One incident row, one outbox
+    row, one message per channel. Without the lease both runs would find the open notification undelivered and
+    send it twice."""
+    import subprocess
+    import time
+
+    from kdq.spark.expectations import FAULT_ENV, evaluation_lease
+    from kdq.spark.submit import submit_command
+    from kdq.stream_process import child_env
+    from kdq.tables import INCIDENT_NOTIFICATIONS
+    from tests.integration.helpers import wait_for, write_config_file
+
+    smtp, hook = receivers
+    hook.fail_first = 0
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "topics.toml").write_text(TOPICS_TOML)
+    config = write_config_file(
+        make_config(tmp_path, paths={"rules_dir": str(rules)}, spark={"master": "local[1]", "shuffle_partitions": 2}),
+        tmp_path / "kdq.toml")
+    ensure_tables(spark, config)
+    traffic = Traffic(spark, config)
+    traffic.add(range(0, 20))
+    traffic.add([20], invalid=60)
+    channels = json.dumps([
+        {"name": "mail", "kind": "smtp", "host": "127.0.0.1", "port": smtp.server_address[1], "from": "kdq@test",
+         "to": ["team@test"], "ssl": False, "starttls": False},
+        {"name": "hook", "kind": "webhook", "url": f"http://127.0.0.1:{hook.server_address[1]}/kdq"},
+    ])
+    now = str(BASE_MS + 21 * MINUTE_MS + 1000)
+    command = submit_command(config, "evaluate_expectations", ["--now", now, "--deliver"])
+    env = {**child_env(config, {CHANNELS_ENV: channels})}
+
+    def start(name: str, extra: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+        log = tmp_path / f"{name}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(command, env={**env, **(extra or {})}, cwd=config.base_dir, stdout=out,
+                                    stderr=subprocess.STDOUT, text=True)
+        return proc, log
+
+    killed, killed_log = start("killed", {FAULT_ENV: "after_outbox"})
+    assert killed.wait(timeout=300) == 137, killed_log.read_text()[-3000:]
+    outbox = spark.read.format("delta").load(table_path(config, INCIDENT_NOTIFICATIONS))
+    assert [r["event"] for r in outbox.collect()] == ["open"] and incidents(spark, config) == []
+    assert smtp.messages == [] and hook.bodies == []
+
+    held = evaluation_lease(config)
+    held.acquire()  # a run in progress, as far as the two below can tell: renewed, as a run renews it
+    held.keep_renewed(lambda reason: None)
+    runs = [start("first"), start("second")]
+    try:
+        wait_for(lambda: all("waiting for it" in log.read_text() for _, log in runs), 240,
+                 "both runs waiting for the evaluation lease", interval=2)
+    finally:
+        held.release()
+    deadline = time.monotonic() + 300
+    for proc, log in runs:
+        assert proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0, log.read_text()[-3000:]
+    reports = [json.loads([line for line in log.read_text().splitlines() if line.startswith('{"')][-1])
+               for _, log in runs]
+    assert sorted(r["notifications_total"] for r in reports) == [0, 1], reports  # the killed run's, derived again
+    assert sum(r["delivery"]["sent"].get("hook", 0) for r in reports) == 1, reports
+
+    (row,) = incidents(spark, config)
+    assert (row["incident_key"], row["status"], row["version"]) == ("orders|invalid_ratio|2026-11-20T10:20Z", "open", 1)
+    assert outbox.count() == 1
+    assert len(smtp.messages) == 1 and [b["event"] for b in hook.bodies] == ["open"]
+    assert spark.read.format("delta").load(table_path(config, INCIDENT_DELIVERIES)).count() == 2
+
+
+def test_one_run_evaluates_on_the_clock_and_notifies_once(spark, tmp_path: Path) -> None:
+    """``--every 1 --for-seconds 2`` (the DAG's task has 15 and 40): three evaluations in one session on the wall
+    clock; the burst of the last minute opens its incident in the first one, the next two change nothing."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "topics.toml").write_text(TOPICS_TOML)
+    config = make_config(tmp_path, paths={"rules_dir": str(rules)})
+    ensure_tables(spark, config)
+    now_minute = int(dt.datetime.now(dt.UTC).timestamp() * 1000) // MINUTE_MS
+    rows = [{"topic": "orders", "window_start_ms": (now_minute - back) * MINUTE_MS, "status": "valid", "count": 100,
+             "rules_version": "r1"} for back in range(2, 12)]
+    rows.append({"topic": "orders", "window_start_ms": (now_minute - 1) * MINUTE_MS, "status": "invalid",
+                 "count": 400, "rules_version": "r1"})
+    merge_window_increments(spark, rows, config, "test-expectations-every", 1)
+    args = argparse.Namespace(now_ms=None, horizon_minutes=180, deliver=False, every_seconds=1.0, for_seconds=2.0)
+    report = evaluate_expectations.run(spark, config, args).to_dict()
+    assert report["ok"] and report["evaluations"] == 3, report
+    assert [n["event"] for n in report["notifications"]] == ["open"] and report["incidents_changed"] == 1, report
+    assert [r["status"] for r in incidents(spark, config)] == ["open"]

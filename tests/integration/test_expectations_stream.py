@@ -121,3 +121,85 @@ def test_a_burst_and_a_silence_from_kafka_open_notify_and_resolve_once(spark, lo
     again = evaluate(12)
     assert again["notifications_total"] == 0 and again["incidents_changed"] == 0, again
     assert len(hook.bodies) == 5 and len(smtp.messages) == 5
+
+
+@pytest.mark.timeout(1500)  # three starts of the stream's spark-submit on a 2-core machine
+def test_a_stream_killed_in_the_middle_of_a_burst_opens_and_notifies_its_incident_once(
+        spark, local_stack, receivers, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    """The speed layer as a process, killed after it MERGEd a micro-batch of a burst and before it committed it
+    (its replay re-merges the same absolute counts); the expectations judged while it is down (the burst half
+    counted: already over the threshold), after its restart (the whole burst), and after the traffic is normal
+    again. One incident, opened once, resolved once; one message per channel for each."""
+    import psutil
+
+    from kdq.stream_process import start_stream, stop_stream, stream_process
+    from tests.integration.helpers import wait_for, write_config_file
+
+    smtp, hook = receivers
+    hook.fail_first = 0
+    prefix = f"xk{tmp_path.name[-6:].replace('_', '')}"
+    orders = f"{prefix}-orders"
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "topics.toml").write_text(
+        "[expectations]\nclear_after_minutes = 2\n"
+        "invalid_ratio = { above = 0.3, over_minutes = 1, min_records = 20, worsen_at = [0.6] }\n")
+    config = write_config_file(isolated_config(  # 50 records per micro-batch, as the crash tests have it
+        local_stack, tmp_path / "data", prefix, paths={"rules_dir": str(rules)}, kafka={"max_offsets_per_trigger": 50},
+        stream={"trigger_interval_seconds": 0.5}), tmp_path / "kdq.toml")
+    local_stack.kafka.create_topic(orders, partitions=1)
+    monkeypatch.setenv(CHANNELS_ENV, json.dumps([
+        {"name": "mail", "kind": "smtp", "host": "127.0.0.1", "port": smtp.server_address[1], "from": "kdq@test",
+         "to": ["team@test"], "ssl": False, "starttls": False},
+        {"name": "hook", "kind": "webhook", "url": f"http://127.0.0.1:{hook.server_address[1]}/kdq"},
+    ]))
+    base = (int(time.time() * 1000) - 3_600_000) // MINUTE_MS * MINUTE_MS
+    sent: list[tuple[int, bool]] = []
+
+    def minute(m: int, valid: int, invalid: int = 0) -> None:
+        records = [(0, json.dumps({"i": i}).encode() if i < valid else b"not json", base + m * MINUTE_MS + i * 100)
+                   for i in range(valid + invalid)]
+        produce(config.kafka_bootstrap(), orders, records)
+        sent.extend((ts, i < valid) for i, (_, _, ts) in enumerate(records))
+
+    def evaluate(after_minute: int) -> list[str]:
+        args = argparse.Namespace(now_ms=base + (after_minute + 1) * MINUTE_MS + 1000, horizon_minutes=180,
+                                  deliver=True)
+        report = evaluate_expectations.run(spark, config, args).to_dict()
+        assert report["ok"], report
+        return [n["event"] for n in report["notifications"]]
+
+    # Offsets 0..149: five normal minutes; 150..209: the burst of minute 5, half of it invalid (its second half).
+    for m in range(5):
+        minute(m, 30)
+    minute(5, 30, 30)
+    try:
+        # Micro-batch 3 (offsets 150..199: the burst's 30 valid and 20 of its invalid) dies after its MERGE.
+        marker = tmp_path / "killed"
+        pid = start_stream(config, extra_env={"KDQ_FAULT_POINT": "after_merge", "KDQ_FAULT_BATCH": "3",
+                                              "KDQ_FAULT_MARKER": str(marker)})
+        assert psutil.Process(pid).wait(timeout=300) == 137, stream_process(config).log_tail(40)
+        assert marker.exists()
+        counted = window_counts(spark, config, orders)
+        assert sum(counted.values()) == 200, counted  # batch 3 merged, its offsets not committed
+
+        assert evaluate(5) == ["open"]  # 20 of 50 over the 30 % threshold while the stream is down
+        start_stream(config)
+        expected = expected_counts(orders, sent)
+        wait_for(lambda: window_counts(spark, config, orders) == expected, 240, "the burst counted after the replay",
+                 interval=3)
+        assert evaluate(5) == []  # the replayed batch re-merged the same counts: 30 of 60, the same level
+
+        for m in range(6, 12):
+            minute(m, 30)
+        expected = expected_counts(orders, sent)
+        wait_for(lambda: window_counts(spark, config, orders) == expected, 240, "normal traffic counted", interval=3)
+        assert evaluate(11) == ["resolve"]
+        assert evaluate(11) == []
+    finally:
+        stop_stream(config, timeout=60)
+
+    rows = spark.read.format("delta").load(table_path(config, INCIDENTS)).collect()
+    assert [(r["expectation"], r["status"]) for r in rows] == [("invalid_ratio", "resolved")]
+    assert rows[0]["worst_value"] == pytest.approx(0.5)  # the whole burst, not the half seen while the stream was down
+    assert sorted(b["event"] for b in hook.bodies) == ["open", "resolve"] and len(smtp.messages) == 2

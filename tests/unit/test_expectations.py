@@ -7,6 +7,7 @@ stream would: minute n is provisional (within the 60 s allowed lateness), n-1 is
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kdq.expectations import (
     MINUTE_MS,
@@ -232,3 +233,14 @@ def test_incident_rows_have_the_incidents_table_columns() -> None:
     assert tuple(row) == INCIDENTS.column_names
     assert row["status"] == RESOLVED and row["version"] == incident.version
     assert OPEN != RESOLVED
+
+
+def test_the_job_repeats_only_on_the_clock() -> None:
+    from spark_jobs.evaluate_expectations import parse_args
+
+    args = parse_args(["--deliver", "--every", "15", "--for-seconds", "40"])
+    assert (args.every_seconds, args.for_seconds, args.deliver) == (15.0, 40.0, True)
+    assert parse_args([]).every_seconds == 0.0
+    for wrong in (["--for-seconds", "40"], ["--every", "15", "--now", "2026-11-27T09:00:00Z"], ["--every", "-1"]):
+        with pytest.raises(SystemExit):
+            parse_args(wrong)

@@ -50,3 +50,27 @@ def test_every_report_has_ok_and_seconds() -> None:
     for cls in JobReport.__subclasses__():
         printed = json.loads(cls().to_json())
         assert printed["ok"] is True and printed["seconds"] == 0.0, cls
+
+
+def test_evaluations_of_one_run_combine_into_one_report() -> None:
+    from kdq.job_reports import ExpectationsReport
+
+    first = ExpectationsReport(now_ms=1, counts_version=4, incidents_changed=1, notifications_total=1,
+                               notifications=[{"id": "a#v1:open"}], open_incidents=1,
+                               delivery={"channels": ["hook"], "sent": {"hook": 1}, "failed": {}, "errors": ["x"],
+                                         "skipped_already_sent": 0})
+    quiet = ExpectationsReport(now_ms=2, counts_version=5, open_incidents=1,
+                               delivery={"channels": ["hook"], "sent": {}, "failed": {"hook": 1}, "errors": [],
+                                         "skipped_already_sent": 1})
+    last = ExpectationsReport(now_ms=3, counts_version=6, incidents_changed=1, notifications_total=1,
+                              notifications=[{"id": "a#v2:resolve"}], open_incidents=0,
+                              delivery={"channels": ["hook"], "sent": {"hook": 1}, "failed": {}, "errors": ["y"],
+                                        "skipped_already_sent": 0})
+    both = ExpectationsReport.combined([first, quiet, last])
+    assert (both.now_ms, both.counts_version, both.open_incidents, both.evaluations) == (3, 6, 0, 3)
+    assert (both.incidents_changed, both.notifications_total) == (2, 2)
+    assert [n["id"] for n in both.notifications] == ["a#v1:open", "a#v2:resolve"]
+    assert both.delivery == {"channels": ["hook"], "sent": {"hook": 2}, "failed": {"hook": 1}, "errors": ["x", "y"],
+                             "skipped_already_sent": 1}
+    assert both.ok and not ExpectationsReport.combined([first, ExpectationsReport(ok=False)]).ok
+    assert ExpectationsReport.combined([quiet]).delivery == quiet.delivery

@@ -12,18 +12,32 @@ progress, the stored ``kdq.incidents`` rows. Writes, in this order:
 Outbox first: a run that dies between the two leaves the incidents as they were, so the next run derives the
 same changes, the same notification ids, and the insert-once skips them; the other order would lose the
 notifications of a change already stored (the next run would find nothing changed).
+
+One run at a time: the scheduled run, a manual ``kdq`` run or a second scheduler may start together. Two runs
+that read the same stored incidents could derive different next versions of one incident from different counts
+(one of them then notifies a change that is never stored), and two deliveries could both send what neither has
+recorded yet. So a run holds the evaluation lease (:class:`kdq.driver_lease.DriverLease` in
+``<checkpoints>/expectations``: write-then-list, renewed, fenced) from its first read to its last write, and a
+second run waits for it (``lease_wait_seconds``), then judges with the first one's incidents: it changes and
+sends nothing the first did.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kdq.batch_failures import read_failure, running_batch
 from kdq.config import Config
+from kdq.driver_lease import DriverLease, LeaseHeld, describe
 from kdq.expectation_run import (
     DEFAULT_HORIZON_MINUTES,
     RunResult,
@@ -163,6 +177,14 @@ def merge_incidents(spark: SparkSession, config: Config, rows: Sequence[dict[str
 
 # --- the run ------------------------------------------------------------------------------------------------
 
+FAULT_ENV = "KDQ_FAULT_EXPECTATIONS"  # the kill tests' switch: "after_outbox" ends the process there (exit 137)
+
+
+def _fault(point: str) -> None:
+    if os.environ.get(FAULT_ENV) == point:
+        log.error("%s=%s: the process is killed here", FAULT_ENV, point)
+        os._exit(137)
+
 
 def monitored_topics(config: Config, seen: Sequence[str]) -> list[str]:
     """The topics the unruled-topic check judges: those with counts (``seen``) and every topic of the cluster the
@@ -180,8 +202,10 @@ def monitored_topics(config: Config, seen: Sequence[str]) -> list[str]:
 
 
 def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
-                 horizon_minutes: int = DEFAULT_HORIZON_MINUTES) -> RunResult:
-    """Read, evaluate, write; the run's result (changed rows and notifications). No delivery here."""
+                 horizon_minutes: int = DEFAULT_HORIZON_MINUTES,
+                 still_held: Callable[[], None] = lambda: None) -> RunResult:
+    """Read, evaluate, write; the run's result (changed rows and notifications). No delivery here.
+    ``still_held`` raises when the run lost its lease: called before each write."""
     rules = load_rules(config.rules_dir)
     expectations = rules.expectations
     counts_path = table_path(config, WINDOW_COUNTS)
@@ -207,8 +231,11 @@ def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
     opened = {n.incident.key for n in result.notifications if n.event == "open"}
     archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
     samples = {i.key: invalid_sample(archive, i) for i in result.changed if i.key in opened}
+    still_held()
     insert_notifications(spark, config, [notification_row(n, now_ms, samples.get(n.incident.key))
                                          for n in result.notifications])
+    _fault("after_outbox")
+    still_held()
     merge_incidents(spark, config, [incident_row(i, samples.get(i.key)) for i in result.changed])
     log.info("expectations: minutes %d..%d at window_counts v%d: %d verdicts, %d violated, %d rows changed, "
              "%d notifications", window.first_minute, window.last_minute, counts_version, result.verdicts,
@@ -216,11 +243,66 @@ def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
     return result
 
 
+LEASE_SECONDS = 60.0  # a run that dies holds the evaluation for at most this long (on this host: not at all)
+LEASE_WAIT_SECONDS = 300.0  # how long a run waits for another one before it fails (a failed Airflow task)
+
+
+def evaluation_lease(config: Config, lease_seconds: float = LEASE_SECONDS) -> DriverLease:
+    """The lease one evaluation run holds at a time (module doc), beside the stream's checkpoints."""
+    from kdq import storage
+
+    location = storage.checkpoint_location(config, "expectations")
+    return DriverLease(storage.files_for(location), location, lease_seconds=lease_seconds)
+
+
+@contextmanager
+def holding_the_evaluation(config: Config, wait_seconds: float = LEASE_WAIT_SECONDS,
+                           poll_seconds: float = 1.0) -> Iterator[Callable[[], None]]:
+    """Hold the evaluation lease, waiting up to ``wait_seconds`` for a run that holds it; yields a check that
+    raises once the lease was lost (this run was paused past its lease and another one may run: it must stop
+    writing). :class:`LeaseHeld` when the other run still holds it after the wait."""
+    lease = evaluation_lease(config)
+    deadline = time.monotonic() + wait_seconds
+    waited = False
+    while True:
+        try:
+            lease.acquire()
+            break
+        except LeaseHeld as held:
+            if time.monotonic() >= deadline:
+                raise LeaseHeld(f"another expectations run still holds the evaluation after {wait_seconds:.0f} s: "
+                                f"{describe(held.owner, int(time.time() * 1000))}", held.owner) from None
+            if not waited:
+                log.info("another expectations run holds the evaluation (%s): waiting for it",
+                         describe(held.owner, int(time.time() * 1000)))
+                waited = True
+            time.sleep(poll_seconds * random.uniform(0.5, 1.5))  # two waiters let go at once must not keep colliding
+    lost = threading.Event()
+    lease.keep_renewed(lambda reason: lost.set())
+
+    def still_held() -> None:
+        if lost.is_set():
+            raise RuntimeError(f"FENCED: this expectations run lost the evaluation lease ({lease.lost}); it stops "
+                               "before its next write (the next run derives the same changes)")
+
+    try:
+        yield still_held
+    finally:
+        lease.release()
+
+
 def evaluate_expectations(spark: SparkSession, config: Config, now_ms: int,
-                          horizon_minutes: int = DEFAULT_HORIZON_MINUTES, deliver: bool = False) -> ExpectationsReport:
-    """The job: evaluate and write, then (``deliver``) send what is pending; a failing channel is reported,
-    never a failed run (the evaluation is committed, the next run delivers again)."""
-    result = evaluate_run(spark, config, now_ms, horizon_minutes)
+                          horizon_minutes: int = DEFAULT_HORIZON_MINUTES, deliver: bool = False,
+                          lease_wait_seconds: float = LEASE_WAIT_SECONDS) -> ExpectationsReport:
+    """The job, holding the evaluation lease: evaluate and write, then (``deliver``) send what is pending; a
+    failing channel is reported, never a failed run (the evaluation is committed, the next run delivers again)."""
+    with holding_the_evaluation(config, lease_wait_seconds) as still_held:
+        return _evaluate_and_deliver(spark, config, now_ms, horizon_minutes, deliver, still_held)
+
+
+def _evaluate_and_deliver(spark: SparkSession, config: Config, now_ms: int, horizon_minutes: int, deliver: bool,
+                          still_held: Callable[[], None]) -> ExpectationsReport:
+    result = evaluate_run(spark, config, now_ms, horizon_minutes, still_held)
     report = ExpectationsReport(
         now_ms=now_ms,
         first_minute=datetime.fromtimestamp(result.window.first_minute * 60, tz=UTC).isoformat(),
@@ -238,6 +320,7 @@ def evaluate_expectations(spark: SparkSession, config: Config, now_ms: int,
     if deliver:
         from kdq.spark.notify import deliver_pending
 
+        still_held()
         try:
             report.delivery = deliver_pending(spark, config, now_ms)
         except Exception as exc:  # e.g. a malformed channel setting: the evaluation is committed, the next run retries
