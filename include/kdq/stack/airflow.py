@@ -7,9 +7,10 @@ of that process (:meth:`LocalAirflow.env`), which its components and task proces
 ``kdq airflow <command>`` runs any Airflow CLI command against the same instance.
 
 Sizing, for a 2-core laptop that also runs Kafka, InfluxDB and Spark: Airflow's defaults start dozens of
-processes (about 5.5 GB); here the LocalExecutor has 3 worker slots (``[core] parallelism``: one for a batch
-job, in its one-slot pool ``kdq_batch_jobs``, one for the expectations run of every minute, one for the stream's
-supervisor, which so never waits), the API server 1 worker and the DAG processor 1 parsing process.
+processes (about 5.5 GB); here the LocalExecutor has 4 worker slots (``[core] parallelism``: one for a batch
+job, in its one-slot pool ``kdq_batch_jobs``, one for the always-on expectations run, one for the stream's
+supervisor, which so never waits, and one for the rest: the stop DAG, a manual run), the API server 1 worker and
+the DAG processor 1 parsing process.
 
 On the cluster shape (``kdq run --cluster``) the ``spark_default`` connection names the stack's standalone
 master, and Airflow's environment caps the stream's cores (:func:`kdq.stack.spark_cluster.product_caps`).
@@ -201,7 +202,7 @@ class LocalAirflow:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__PARALLELISM": "3",
+            "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "2",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(self.paused),
             "AIRFLOW__CORE__AUTH_MANAGER": SIMPLE_AUTH_MANAGER,
