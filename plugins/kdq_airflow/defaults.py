@@ -148,16 +148,19 @@ def kdq_expectations_interval(default: timedelta = DEFAULT_EXPECTATIONS_INTERVAL
 
 EXPECTATIONS_EVERY_SECONDS = 15.0
 EXPECTATIONS_RUN_SECONDS = 3540.0  # a run of the kdq_expectations DAG evaluates for 59 minutes
+EXPECTATIONS_RUN_ENV = "KDQ_AIRFLOW_EXPECTATIONS_RUN_SECONDS"
 
 
-def kdq_expectations_repeat() -> tuple[float, float]:
-    """(every, for_seconds) of one run of the kdq_expectations DAG: an evaluation every 15 s for 59 minutes in one
-    Spark session. The DAG's schedule (every minute, one run at a time) starts the next run within a minute of one
-    ending or failing, so the evaluator is always on, supervised like the stream. A run per minute evaluating once
-    paid a Spark start-up for each evaluation, and on a saturated 2-core machine a start-up in the background
-    took minutes (benchmarks.local_run saw evaluations 4 to 5 minutes apart): an incident is due within a minute
-    of its records (issue 27)."""
-    return EXPECTATIONS_EVERY_SECONDS, EXPECTATIONS_RUN_SECONDS
+def kdq_expectations_repeat(default: timedelta = timedelta(seconds=EXPECTATIONS_RUN_SECONDS)) -> tuple[float, float]:
+    """(every, for_seconds) of one run of the kdq_expectations DAG: an evaluation every 15 s for
+    ``$KDQ_AIRFLOW_EXPECTATIONS_RUN_SECONDS`` (default 59 minutes) in one Spark session; 0: one evaluation per run.
+    The DAG's schedule (every minute, one run at a time) starts the next run within a minute of one ending or
+    failing, so the evaluator is always on, supervised like the stream. A run per minute evaluating once paid a
+    Spark start-up for each evaluation, and on a saturated 2-core machine a start-up in the background took
+    minutes (benchmarks.local_run saw evaluations 4 to 5 minutes apart): an incident is due within a minute of
+    its records (issue 27)."""
+    run_seconds = _seconds_from_env(EXPECTATIONS_RUN_ENV, default, at_least=0).total_seconds()
+    return (EXPECTATIONS_EVERY_SECONDS if run_seconds else 0.0), run_seconds
 
 
 def kdq_notify_connections(default: tuple[str, ...] = DEFAULT_NOTIFY_CONNECTIONS) -> tuple[str, ...]:

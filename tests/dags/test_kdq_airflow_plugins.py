@@ -312,3 +312,15 @@ def test_expectations_interval_and_connections_settings(monkeypatch: pytest.Monk
         kdq_expectations_interval()
     monkeypatch.setenv(NOTIFY_CONNECTIONS_ENV, " ops_mail , ")
     assert kdq_notify_connections() == ("ops_mail",)
+
+
+def test_an_expectations_run_evaluates_for_an_hour_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kdq_airflow.defaults import EXPECTATIONS_RUN_ENV, kdq_expectations_repeat
+
+    monkeypatch.delenv(EXPECTATIONS_RUN_ENV, raising=False)
+    assert kdq_expectations_repeat() == (15.0, 3540.0)
+    monkeypatch.setenv(EXPECTATIONS_RUN_ENV, "0")  # one evaluation per run (a test's `airflow dags test`)
+    assert kdq_expectations_repeat() == (0.0, 0.0)
+    monkeypatch.setenv(EXPECTATIONS_RUN_ENV, "-5")
+    with pytest.raises(ValueError, match=EXPECTATIONS_RUN_ENV):
+        kdq_expectations_repeat()

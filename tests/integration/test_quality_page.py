@@ -200,7 +200,10 @@ def test_quality_page_shows_the_delta_numbers(spark, local_stack, airflow_local,
     produce(config.kafka_bootstrap(), burst_topic, [(0, f"burst {i}".encode(), burst_ts) for i in range(60)])
     burst_counts = expected_counts(burst_topic, [(burst_ts, False)] * 60)
     wait_for(lambda: window_counts(spark, config, burst_topic) == burst_counts, 300, "the stream counts the burst")
-    dags_test(airflow, "kdq_expectations", datetime.now(UTC))
+    # One evaluation (a run of the DAG evaluates for an hour by default).
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("KDQ_AIRFLOW_EXPECTATIONS_RUN_SECONDS", "0")
+        dags_test(airflow, "kdq_expectations", datetime.now(UTC))
     [incident] = delta(spark, config, "incidents", burst_topic).collect()
     assert (incident["expectation"], incident["status"], incident["worst_value"]) == ("invalid_ratio", "open", 1.0)
     burst_sample = json.loads(incident["sample"])
