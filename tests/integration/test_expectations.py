@@ -124,6 +124,16 @@ class Traffic:
         append_archive(df, self.config, "test-expectations-archive", self.version, 0, "stream")
 
 
+def burst_a_minute_ago(spark, config, app_id: str) -> None:
+    """Ten minutes of 100 valid records, then 400 invalid ones in the last whole minute of the wall clock."""
+    now_minute = int(dt.datetime.now(dt.UTC).timestamp() * 1000) // MINUTE_MS
+    rows = [{"topic": "orders", "window_start_ms": (now_minute - back) * MINUTE_MS, "status": "valid", "count": 100,
+             "rules_version": "r1"} for back in range(2, 12)]
+    rows.append({"topic": "orders", "window_start_ms": (now_minute - 1) * MINUTE_MS, "status": "invalid",
+                 "count": 400, "rules_version": "r1"})
+    merge_window_increments(spark, rows, config, app_id, 1)
+
+
 def evaluate(spark, config, after_minute: int) -> dict:
     """The job at just after ``after_minute`` ended, delivering; its printed report."""
     now = BASE_MS + (after_minute + 1) * MINUTE_MS + 1000
@@ -236,12 +246,7 @@ def test_the_dags_operator_gives_the_job_its_airflow_connections(spark, tmp_path
         {"conn_type": "http", "host": f"http://127.0.0.1:{hook.server_address[1]}", "extra": {"endpoint": "/kdq"}}))
     config = make_config(tmp_path, paths={"rules_dir": str(rules)})
     ensure_tables(spark, config)
-    now_minute = int(dt.datetime.now(dt.UTC).timestamp() * 1000) // MINUTE_MS
-    rows = [{"topic": "orders", "window_start_ms": (now_minute - back) * MINUTE_MS, "status": "valid", "count": 100,
-             "rules_version": "r1"} for back in range(2, 12)]
-    rows.append({"topic": "orders", "window_start_ms": (now_minute - 1) * MINUTE_MS, "status": "invalid",
-                 "count": 400, "rules_version": "r1"})
-    merge_window_increments(spark, rows, config, "test-expectations-operator", 1)
+    burst_a_minute_ago(spark, config, "test-expectations-operator")
 
     task = ExpectationsOperator(task_id="evaluate_and_notify", channel_conn_ids=["kdq_smtp", "kdq_webhook"])
     report = task.execute({})
@@ -325,19 +330,14 @@ def test_a_run_killed_between_its_writes_then_two_runs_at_once_notify_each_event
 
 
 def test_one_run_evaluates_on_the_clock_and_notifies_once(spark, tmp_path: Path) -> None:
-    """``--every 1 --for-seconds 2`` (the DAG's task has 15 and 40): three evaluations in one session on the wall
+    """``--every 1 --for-seconds 2`` (the DAG's task has 15 and 3540): three evaluations in one session on the wall
     clock; the burst of the last minute opens its incident in the first one, the next two change nothing."""
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "topics.toml").write_text(TOPICS_TOML)
     config = make_config(tmp_path, paths={"rules_dir": str(rules)})
     ensure_tables(spark, config)
-    now_minute = int(dt.datetime.now(dt.UTC).timestamp() * 1000) // MINUTE_MS
-    rows = [{"topic": "orders", "window_start_ms": (now_minute - back) * MINUTE_MS, "status": "valid", "count": 100,
-             "rules_version": "r1"} for back in range(2, 12)]
-    rows.append({"topic": "orders", "window_start_ms": (now_minute - 1) * MINUTE_MS, "status": "invalid",
-                 "count": 400, "rules_version": "r1"})
-    merge_window_increments(spark, rows, config, "test-expectations-every", 1)
+    burst_a_minute_ago(spark, config, "test-expectations-every")
     args = argparse.Namespace(now_ms=None, horizon_minutes=180, deliver=False, every_seconds=1.0, for_seconds=2.0)
     report = evaluate_expectations.run(spark, config, args).to_dict()
     assert report["ok"] and report["evaluations"] == 3, report
