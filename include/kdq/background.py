@@ -14,15 +14,39 @@ niceness ``N`` (default 19: CFS weight 15 against 1024 for a session at 0) by wr
 and execs the command: the pid stays the same and signals reach it as before. Where there is no autogroup (another
 kernel, another OS) it only execs, and the nice/idle prefix that follows it on the command line does the work.
 Standard library only: it runs before anything else of kdq is imported.
+
+A session of its own also takes the command out of its starter's process group, so a ``killpg`` of the starter
+(``kdq down`` stopping Airflow, a test stopping a ``kdq job``) no longer reaches it. So on Linux the command gets
+a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``, which survives the exec): when the process that
+started it dies, the job is sent SIGTERM and Spark stops as on any SIGTERM. Without it, a killed Airflow task left
+its spark-submit running (the always-on expectations run: an hour of evaluations with nobody to read them).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
 AUTOGROUP = "/proc/self/autogroup"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGTERM for this process (and what it execs) when its parent dies; at once when the parent ``parent`` (the
+    starter, read before anything else) is already gone. Linux only; elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the job outlives its starter, as any session leader would
+        return
+    if os.getppid() != parent:  # the starter died before the prctl: nobody is left to send the signal
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def enter_background(nice: int) -> bool:
@@ -41,6 +65,7 @@ def enter_background(nice: int) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parent = os.getppid()
     args = list(sys.argv[1:] if argv is None else argv)
     nice = 19
     if args[:1] == ["--autogroup-nice"] and len(args) > 1:
@@ -50,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args:
         print("usage: python -m kdq.background [--autogroup-nice N] -- command [arg ...]", file=sys.stderr)
         return 2
+    die_with_parent(parent)
     enter_background(nice)
     os.execvp(args[0], args)
     return 127  # not reached: execvp replaces this process or raises

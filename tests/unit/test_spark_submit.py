@@ -177,3 +177,32 @@ def test_a_batch_job_really_runs_in_the_idle_class() -> None:
     # The expectations run is due within the minute: nice, not the idle class, a heavier autogroup.
     assert run("evaluate_expectations") == ["False", str(min(os.nice(0) + 10, 19)), "True",
                                             "15" if autogroup != "-" else "-"]
+
+
+def test_a_background_job_dies_with_its_starter() -> None:
+    """In a session of its own a batch job is out of its starter's process group, so a killpg of the starter
+    misses it: the parent-death signal ends it instead (a killed Airflow task or `kdq job` leaves no spark-submit)."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         "child = subprocess.Popen([sys.executable, '-m', 'kdq.background', '--', 'sleep', '120']); "
+         "print(child.pid, flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    job = psutil.Process(int(starter.stdout.readline()))
+    try:
+        deadline = time.monotonic() + 10
+        while job.cmdline()[:1] != ["sleep"] and time.monotonic() < deadline:  # exec'd: the prctl is in place
+            time.sleep(0.05)
+        assert job.cmdline()[:1] == ["sleep"] and os.getsid(job.pid) == job.pid
+        os.killpg(starter.pid, signal.SIGKILL)  # the starter's group: the job is not in it
+        starter.wait(timeout=10)
+        job.wait(timeout=10)  # raises psutil.TimeoutExpired while it outlives its starter
+    finally:
+        starter.kill()
+        if job.is_running():
+            job.kill()
