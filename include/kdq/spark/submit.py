@@ -64,11 +64,6 @@ BATCH_NICENESS = 10  # relative: the local stack's Airflow already runs at kdq.s
 # Batch jobs someone waits for within the minute: the expectations run (an incident opens within a minute of its
 # records) stays out of the idle class, which on a saturated machine could hold it for minutes; nice only.
 PROMPT_BATCH_JOBS = frozenset({"evaluate_expectations"})
-# The autogroup niceness of a batch job's own session (kdq.background): CFS weight 15 (the expectations run: 29)
-# against 1024 for every other session (each process the local stack starts leads one: the stream, the endpoint,
-# Airflow, the broker).
-BACKGROUND_AUTOGROUP_NICENESS = 19
-PROMPT_AUTOGROUP_NICENESS = 15
 
 
 def cores_max(config: Config, job: str) -> int:
@@ -92,8 +87,7 @@ def capped_master(master: str, job: str) -> str:
 
 def priority_prefix(job: str) -> list[str]:
     """What the spark-submit command line of ``job`` starts with: for a batch job (every job but
-    :data:`LONG_RUNNING_JOBS`) ``python -m kdq.background`` (a session of its own, so a scheduling autogroup of its
-    own, at autogroup niceness 19; 15 for the expectations run), then ``chrt --idle 0`` (Linux's SCHED_IDLE class: CPU time only when no other process
+    :data:`LONG_RUNNING_JOBS`) ``chrt --idle 0`` (Linux's SCHED_IDLE class: CPU time only when no other process
     wants it) and ``nice -n 10`` (which also lowers its I/O priority, and is what remains where there is no
     ``chrt``), so it runs below the stream and the SQL endpoint; else nothing.
 
@@ -104,14 +98,11 @@ def priority_prefix(job: str) -> list[str]:
     (:data:`PROMPT_BATCH_JOBS`) gets ``nice`` only: an incident is due within a minute."""
     if job in LONG_RUNNING_JOBS:
         return []
-    prompt = job in PROMPT_BATCH_JOBS
-    # First a session (and so an autogroup) of its own at a low weight (kdq.background): with Linux's autogroup,
-    # nice and the idle class act only inside a session, and Airflow's session held both (it took a third of the
-    # machine from the stream whatever the job's niceness).
-    prefix = [sys.executable, "-m", "kdq.background", "--autogroup-nice",
-              str(PROMPT_AUTOGROUP_NICENESS if prompt else BACKGROUND_AUTOGROUP_NICENESS), "--"]
-    if not prompt and sys.platform.startswith("linux") and shutil.which("chrt"):
-        prefix += ["chrt", "--idle", "0"]
+    # The job stays in its starter's session: with Linux's autogroup, a session of its own at a low autogroup
+    # weight (tried, 0df0dc6) starved it whenever another session was busy (a test's stream, or make run's):
+    # 15/1039 of a core, and the test suite ran 2.5x longer. docs/operations.md "CPU priorities".
+    idle = job not in PROMPT_BATCH_JOBS and sys.platform.startswith("linux") and shutil.which("chrt")
+    prefix = ["chrt", "--idle", "0"] if idle else []
     if shutil.which("nice"):
         prefix += ["nice", "-n", str(BATCH_NICENESS)]
     return prefix
