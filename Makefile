@@ -35,7 +35,7 @@ status:
 
 ## test: every test suite (unit, DAG integrity, integration with real services)
 test: setup
-	@$(PY) -m pytest tests -q -m "not cluster"
+	@$(PY) -m pytest tests -q -m "not cluster" --durations=30
 
 test-unit: setup
 	@$(PY) -m pytest tests/unit -q
