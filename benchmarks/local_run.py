@@ -39,6 +39,7 @@ Results in ``benchmarks/results/local_run.{json,md}``, with the issues' targets 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -745,7 +746,51 @@ def incident_section(incident: Mapping[str, Any] | None) -> str:
         f"record ({incident.get('polls')} polls)"
         + (f"; {incident['error']}" if incident.get("error") else "")
         + ".\n\n"
+        + evaluator_sentence(incident.get("evaluator"))
     )
+
+
+def evaluator_sentence(figures: Mapping[str, Any] | None) -> str:
+    """The always-on evaluator over the whole run, from its task logs (evaluation_figures)."""
+    if not figures or not figures.get("evaluations"):
+        return ""
+    between = figures.get("seconds_between") or {}
+    steps = ", ".join(f"{step} {v['median']} s (max {v['max']})" for step, v in figures["step_seconds"].items())
+    return (f"The expectations run evaluated {figures['evaluations']} times during the run, "
+            f"{between.get('median', '-')} s apart at the median (max {between.get('max', '-')}); "
+            f"per evaluation, median: {steps}.\n\n")
+
+
+# The expectations run's log line per evaluation (kdq.spark.expectations.evaluate_run): its time and steps.
+_EVALUATION_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO kdq\.spark\.expectations: "
+                              r"expectations: minutes .*? \(([^()]*)\)")
+_STEP = re.compile(r"(\w+) (\d+(?:\.\d+)?) s")
+
+
+def evaluation_figures(log_texts: Sequence[str]) -> dict[str, Any]:
+    """From the evaluator's task logs: how many evaluations, the seconds between them (median, max) and each
+    step's seconds (median, max): where the time from a burst to its incident goes besides the stream."""
+    times: list[datetime] = []
+    steps: dict[str, list[float]] = {}
+    for text in log_texts:
+        for stamp, parts in _EVALUATION_LINE.findall(text):
+            times.append(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+            for step, seconds in _STEP.findall(parts):
+                steps.setdefault(step, []).append(float(seconds))
+    times.sort()
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+
+    def spread(values: Sequence[float]) -> dict[str, float]:
+        return {"median": round(statistics.median(values), 1), "max": round(max(values), 1)}
+
+    return {"evaluations": len(times), **({"seconds_between": spread(gaps)} if gaps else {}),
+            "step_seconds": {step: spread(values) for step, values in steps.items()}}
+
+
+def evaluator_logs(config: Config) -> list[str]:
+    """The text of every kdq_expectations task log of the local Airflow (its logs folder)."""
+    folder = config.data_dir / "airflow" / "logs"
+    return [path.read_text(errors="replace") for path in sorted(folder.glob("dag_id=kdq_expectations/**/*.log"))]
 
 
 def measure_incident(stack: Any, config: Config, burst: int, t0: float,
@@ -887,6 +932,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         job_tasks(api, runs)
         if args.burst > 0:
             result["incident"] = measure_incident(stack, config, args.burst, t0)
+            result["incident"]["evaluator"] = evaluation_figures(evaluator_logs(config))
         result["dag_runs"] = all_dag_runs(api, start_wall - timedelta(minutes=5))
         result["page_marker"] = "data-numbers" if "data-numbers" in probes.markers else "sql-source"
         progress = read_progress_log(config, max_bytes=16 * 1024 * 1024)

@@ -342,4 +342,7 @@ def test_one_run_evaluates_on_the_clock_and_notifies_once(spark, tmp_path: Path)
     report = evaluate_expectations.run(spark, config, args).to_dict()
     assert report["ok"] and report["evaluations"] == 3, report
     assert [n["event"] for n in report["notifications"]] == ["open"] and report["incidents_changed"] == 1, report
+    # Where the three evaluations' time went, step by step (no --deliver: no delivery step).
+    assert list(report["step_seconds"]) == ["read", "judge", "sample", "write"], report
+    assert all(seconds >= 0 for seconds in report["step_seconds"].values()) and report["step_seconds"]["read"] > 0
     assert [r["status"] for r in incidents(spark, config)] == ["open"]

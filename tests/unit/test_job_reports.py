@@ -57,9 +57,10 @@ def test_evaluations_of_one_run_combine_into_one_report() -> None:
 
     first = ExpectationsReport(now_ms=1, counts_version=4, incidents_changed=1, notifications_total=1,
                                notifications=[{"id": "a#v1:open"}], open_incidents=1,
+                               step_seconds={"read": 1.5, "judge": 0.25, "deliver": 0.5},
                                delivery={"channels": ["hook"], "sent": {"hook": 1}, "failed": {}, "errors": ["x"],
                                          "skipped_already_sent": 0})
-    quiet = ExpectationsReport(now_ms=2, counts_version=5, open_incidents=1,
+    quiet = ExpectationsReport(now_ms=2, counts_version=5, open_incidents=1, step_seconds={"read": 2.0, "judge": 0.5},
                                delivery={"channels": ["hook"], "sent": {}, "failed": {"hook": 1}, "errors": [],
                                          "skipped_already_sent": 1})
     last = ExpectationsReport(now_ms=3, counts_version=6, incidents_changed=1, notifications_total=1,
@@ -72,5 +73,6 @@ def test_evaluations_of_one_run_combine_into_one_report() -> None:
     assert [n["id"] for n in both.notifications] == ["a#v1:open", "a#v2:resolve"]
     assert both.delivery == {"channels": ["hook"], "sent": {"hook": 2}, "failed": {"hook": 1}, "errors": ["x", "y"],
                              "skipped_already_sent": 1}
+    assert both.step_seconds == {"read": 3.5, "judge": 0.75, "deliver": 0.5}  # where a run's time went
     assert both.ok and not ExpectationsReport.combined([first, ExpectationsReport(ok=False)]).ok
     assert ExpectationsReport.combined([quiet]).delivery == quiet.delivery

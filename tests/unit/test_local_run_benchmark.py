@@ -11,6 +11,8 @@ from benchmarks.local_run import (
     QUIET,
     busy_percent,
     cpu_times,
+    evaluation_figures,
+    evaluator_sentence,
     has_numbers,
     load_figures,
     markdown,
@@ -216,3 +218,22 @@ def test_markdown_shows_both_phases_the_checks_and_the_jobs() -> None:
     assert "`kdq_maintenance` run `r1`: **success**, 41.0 s" in text
     assert "  * task `optimize`: success, queued 2.5 s, ran 38.1 s" in text
     assert 'data-field=\\"sql-source\\"' not in text and "sql-source" in text
+
+
+def test_the_evaluators_steps_from_its_task_logs() -> None:
+    """The evaluator's log line per evaluation (as spark-submit's output inside Airflow's JSON task log) gives
+    the evaluations, the seconds between them and each step's seconds."""
+    def line(stamp: str, read: float, write: float) -> str:
+        return ('{"timestamp":"x","event":"' + stamp + ',123 INFO kdq.spark.expectations: expectations: minutes '
+                f'29000..29179 at window_counts v12: 4 verdicts, 0 violated, 0 rows changed, 0 notifications '
+                f'(read {read} s, judge 0.0 s, sample 0.0 s, write {write} s)","logger":"airflow.task.hooks"}}\n')
+
+    logs = [line("2026-11-28 08:00:00", 2.5, 0.1) + "unrelated line (read 99 s)\n" + line("2026-11-28 08:00:20", 3.5, 0.3),
+            line("2026-11-28 08:00:50", 9.0, 0.2)]
+    figures = evaluation_figures(logs)
+    assert figures["evaluations"] == 3
+    assert figures["seconds_between"] == {"median": 25.0, "max": 30.0}
+    assert figures["step_seconds"]["read"] == {"median": 3.5, "max": 9.0}
+    assert figures["step_seconds"]["write"] == {"median": 0.2, "max": 0.3}
+    assert "3 times" in evaluator_sentence(figures) and "read 3.5 s (max 9.0)" in evaluator_sentence(figures)
+    assert evaluation_figures([]) == {"evaluations": 0, "step_seconds": {}} and evaluator_sentence(None) == ""

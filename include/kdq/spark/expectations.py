@@ -203,9 +203,12 @@ def monitored_topics(config: Config, seen: Sequence[str]) -> list[str]:
 
 def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
                  horizon_minutes: int = DEFAULT_HORIZON_MINUTES,
-                 still_held: Callable[[], None] = lambda: None) -> RunResult:
+                 still_held: Callable[[], None] = lambda: None,
+                 step_seconds: dict[str, float] | None = None) -> RunResult:
     """Read, evaluate, write; the run's result (changed rows and notifications). No delivery here.
-    ``still_held`` raises when the run lost its lease: called before each write."""
+    ``still_held`` raises when the run lost its lease: called before each write. ``step_seconds`` gets each
+    step's wall seconds (read, judge, sample, write): what an evaluation's time goes to, in its report."""
+    steps = StepClock(step_seconds)
     rules = load_rules(config.rules_dir)
     expectations = rules.expectations
     counts_path = table_path(config, WINDOW_COUNTS)
@@ -219,6 +222,7 @@ def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
     topics_seen = sorted({str(r["topic"]) for r in counts})
     if expectations.unruled_topic or any(e.unruled_topic for e in expectations.entries):
         topics_seen = monitored_topics(config, topics_seen)
+    steps.lap("read")
     result = run_evaluation(
         expectations, stored, window, None, now_ms=now_ms, as_of=counts_version,
         allowed_lateness_seconds=config.stream.allowed_lateness_seconds,
@@ -228,19 +232,38 @@ def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
         has_rule={t: rules.rule_for(t) is not None for t in topics_seen},
         counts=counts, reasons=reasons,
     )
+    steps.lap("judge")
     opened = {n.incident.key for n in result.notifications if n.event == "open"}
     archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
     samples = {i.key: invalid_sample(archive, i) for i in result.changed if i.key in opened}
+    steps.lap("sample")
     still_held()
     insert_notifications(spark, config, [notification_row(n, now_ms, samples.get(n.incident.key))
                                          for n in result.notifications])
     _fault("after_outbox")
     still_held()
     merge_incidents(spark, config, [incident_row(i, samples.get(i.key)) for i in result.changed])
+    steps.lap("write")
     log.info("expectations: minutes %d..%d at window_counts v%d: %d verdicts, %d violated, %d rows changed, "
-             "%d notifications", window.first_minute, window.last_minute, counts_version, result.verdicts,
-             result.violated, len(result.changed), len(result.notifications))
+             "%d notifications (%s)", window.first_minute, window.last_minute, counts_version, result.verdicts,
+             result.violated, len(result.changed), len(result.notifications), steps)
     return result
+
+
+class StepClock:
+    """Wall seconds per named step, into ``into`` (a report's dict) when given."""
+
+    def __init__(self, into: dict[str, float] | None = None) -> None:
+        self.seconds = into if into is not None else {}
+        self._since = time.monotonic()
+
+    def lap(self, step: str) -> None:
+        now = time.monotonic()
+        self.seconds[step] = round(self.seconds.get(step, 0.0) + now - self._since, 3)
+        self._since = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self.seconds.items())
 
 
 LEASE_SECONDS = 60.0  # a run that dies holds the evaluation for at most this long (on this host: not at all)
@@ -302,8 +325,10 @@ def evaluate_expectations(spark: SparkSession, config: Config, now_ms: int,
 
 def _evaluate_and_deliver(spark: SparkSession, config: Config, now_ms: int, horizon_minutes: int, deliver: bool,
                           still_held: Callable[[], None]) -> ExpectationsReport:
-    result = evaluate_run(spark, config, now_ms, horizon_minutes, still_held)
+    step_seconds: dict[str, float] = {}
+    result = evaluate_run(spark, config, now_ms, horizon_minutes, still_held, step_seconds)
     report = ExpectationsReport(
+        step_seconds=step_seconds,
         now_ms=now_ms,
         first_minute=datetime.fromtimestamp(result.window.first_minute * 60, tz=UTC).isoformat(),
         last_minute=datetime.fromtimestamp(result.window.last_minute * 60, tz=UTC).isoformat(),
@@ -321,9 +346,11 @@ def _evaluate_and_deliver(spark: SparkSession, config: Config, now_ms: int, hori
         from kdq.spark.notify import deliver_pending
 
         still_held()
+        started = time.monotonic()
         try:
             report.delivery = deliver_pending(spark, config, now_ms)
         except Exception as exc:  # e.g. a malformed channel setting: the evaluation is committed, the next run retries
             log.exception("notifications not delivered")
             report.delivery = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        step_seconds["deliver"] = round(time.monotonic() - started, 3)
     return report
