@@ -99,8 +99,8 @@ def priority_prefix(job: str) -> list[str]:
     if job in LONG_RUNNING_JOBS:
         return []
     # The job stays in its starter's session: with Linux's autogroup, a session of its own at a low autogroup
-    # weight (tried, 0df0dc6) starved it whenever another session was busy (a test's stream, or make run's):
-    # 15/1039 of a core, and the test suite ran 2.5x longer. docs/operations.md "CPU priorities".
+    # weight (tried in 0df0dc6, taken back) would get 15/1039 of a core whenever another session is busy (the
+    # stream's), and a killpg of the Airflow task that started it would miss it. docs/operations.md "CPU priorities".
     idle = job not in PROMPT_BATCH_JOBS and sys.platform.startswith("linux") and shutil.which("chrt")
     prefix = ["chrt", "--idle", "0"] if idle else []
     if shutil.which("nice"):
