@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 KDQ := $(VENV)/bin/kdq
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup setup-s3 run stop status test test-unit test-integration test-cluster lint package bench bench-quick bench-sweep chaos chaos-s3
+.PHONY: setup setup-s3 run stop status test test-slow test-all test-unit test-integration test-cluster lint package bench bench-quick bench-sweep chaos chaos-s3
 
 setup:
 	@bash scripts/setup.sh
@@ -33,16 +33,27 @@ stop:
 status:
 	@$(KDQ) status
 
-## test: every test suite (unit, DAG integrity, integration with real services)
+## test: every test suite (unit, DAG integrity, integration with real services) but the cluster and slow ones
+## (what CI runs, within its time budget)
 test: setup
+	@$(PY) -m pytest tests -q -m "not cluster and not slow" --durations=30
+
+## test-slow: the longest local tests, on demand (Airflow standalone: a backfill through the scheduler, the UI, the
+## secrets of task logs, the data-quality page in headless Chromium; the stream killed at every crash point)
+test-slow: setup
+	@$(PY) -m pytest tests -q -m "slow and not cluster" --durations=30
+
+## test-all: make test and make test-slow in one session
+test-all: setup
 	@$(PY) -m pytest tests -q -m "not cluster" --durations=30
 
 test-unit: setup
 	@$(PY) -m pytest tests/unit -q
 
-## test-integration: the integration tests of `make test` (the cluster-shaped ones: `make test-cluster`)
+## test-integration: the integration tests of `make test` (the cluster-shaped ones: `make test-cluster`; the slow
+## ones: `make test-slow`)
 test-integration: setup
-	@$(PY) -m pytest tests/integration -q -m "not cluster"
+	@$(PY) -m pytest tests/integration -q -m "not cluster and not slow"
 
 ## test-cluster: the cluster shape of the stack (3 Kafka brokers at RF 3, Spark standalone master + 2 workers;
 ## docs/cluster.md): the seed example, then the hourly recompute and a rebuild, submitted to the master; a

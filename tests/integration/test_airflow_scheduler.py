@@ -16,7 +16,8 @@ import requests
 from kdq.stack.airflow import USERNAME
 from tests.conftest import PROJECT_ROOT
 
-pytestmark = pytest.mark.integration
+# slow: Airflow standalone (and a browser) for minutes; `make test-slow`, not CI (its time budget).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HOURLY = "kdq_hourly_recompute"
 SUPERVISOR = "kdq_stream_supervisor"

@@ -28,7 +28,8 @@ import requests
 
 from kdq.config import Config
 
-pytestmark = pytest.mark.integration
+# slow: Airflow standalone (and a browser) for minutes; `make test-slow`, not CI (its time budget).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DAG = "kdq_rebuild"
 TASK = "rebuild"

@@ -32,7 +32,8 @@ from kdq.stream_process import stop_stream, stream_process
 from tests.conftest import PROJECT_ROOT
 from tests.integration.helpers import dags_test, expected_counts, produce, wait_for, window_counts
 
-pytestmark = pytest.mark.integration
+# slow: Airflow standalone (and a browser) for minutes; `make test-slow`, not CI (its time budget).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ARTIFACTS = PROJECT_ROOT / "test-artifacts"
 PAGE = "/kdq/quality"

@@ -54,13 +54,22 @@ def stream_config(local_stack, tmp_path):
         stop_stream(config, timeout=30)
 
 
-@pytest.mark.timeout(2400)  # ten process starts of spark-submit on a 2-core machine
-def test_exactly_once_through_crashes_and_parallelism_changes(spark, local_stack, stream_config, tmp_path) -> None:
+CRASH_POINTS = ["after_ledger", "after_archive", "after_merge", "after_metrics", "before_commit"]
+
+
+# A kill and a restart cost a minute or two per point: CI kills the stream after its first write (the archive) and
+# after its last one (before the commit), and at both parallelisms; `make test-slow` at every point.
+@pytest.mark.parametrize("points", [
+    pytest.param(["after_archive", "before_commit"], id="first-and-last-write"),
+    pytest.param(CRASH_POINTS, id="every-point", marks=pytest.mark.slow),
+])
+@pytest.mark.timeout(2400)  # two process starts of spark-submit per point on a 2-core machine
+def test_exactly_once_through_crashes_and_parallelism_changes(spark, local_stack, stream_config, tmp_path,
+                                                              points: list[str]) -> None:
     prefix, config = stream_config
     topic = f"{prefix}-crash"
     local_stack.kafka.create_topic(topic, partitions=3)
     truth: list[tuple[int, bool]] = []
-    points = ["after_ledger", "after_archive", "after_merge", "after_metrics", "before_commit"]
     for n, point in enumerate(points):
         wave = _wave(n, 100, W0 + n * 3000)
         produce(config.kafka_bootstrap(), topic, [(p, v, ts) for p, v, ts, _ in wave])
