@@ -255,6 +255,7 @@ def test_the_dags_operator_gives_the_job_its_airflow_connections(spark, tmp_path
     assert [b["event"] for b in hook.bodies] == ["open"] and hook.bodies[0]["topic"] == "orders"
 
 
+@pytest.mark.slow  # three spark-submit runs, ~4 min on the 2-core machine: `make test-slow`
 def test_a_run_killed_between_its_writes_then_two_runs_at_once_notify_each_event_once(spark, tmp_path: Path,
                                                                                      receivers) -> None:
     """Overlap (the scheduled run beside a manual one) and a kill, with the job as spark-submit runs it: a run

@@ -123,6 +123,7 @@ def test_a_burst_and_a_silence_from_kafka_open_notify_and_resolve_once(spark, lo
     assert len(hook.bodies) == 5 and len(smtp.messages) == 5
 
 
+@pytest.mark.slow  # ~4 min on the 2-core machine: `make test-slow`
 @pytest.mark.timeout(1500)  # three starts of the stream's spark-submit on a 2-core machine
 def test_a_stream_killed_in_the_middle_of_a_burst_opens_and_notifies_its_incident_once(
         spark, local_stack, receivers, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
