@@ -99,6 +99,7 @@ def test_supervisor_restarts_a_killed_stream_and_counts_stay_exact(spark, local_
     assert archived.count() == archived.select("partition", "offset").distinct().count() == len(produced)
 
 
+@pytest.mark.slow  # ~3.5 min on the 2-core machine: `make test-slow`, not CI (its time budget)
 @pytest.mark.timeout(900)
 def test_hourly_dag_corrects_records_too_late_for_the_stream(spark, local_stack, airflow_local) -> None:
     config = airflow_local.config

@@ -140,6 +140,7 @@ def test_hourly_recompute_fails_while_a_crashed_batch_awaits_its_replay(spark, l
         stop_stream(config, timeout=60)
 
 
+@pytest.mark.slow  # ~4.5 min on the 2-core machine: `make test-slow`, not CI (its time budget)
 @pytest.mark.timeout(1200)
 def test_lost_checkpoint_is_refused_then_resumed_from_the_archive(spark, local_stack, tmp_path) -> None:
     """The stream dies right after archiving a batch (its MERGE may or may not have landed), then its checkpoint

@@ -41,6 +41,7 @@ def _archive_counts(spark, config, topic: str) -> dict[tuple[str, int, str], int
     return {(topic, r["w"], "valid" if r["valid"] else "invalid"): r["count"] for r in rows}
 
 
+@pytest.mark.slow  # ~3 min on the 2-core machine: `make test-slow`, not CI (its time budget)
 @pytest.mark.timeout(900)
 def test_a_replay_after_a_rule_change_counts_what_its_archive_rows_say(spark, local_stack, tmp_path) -> None:
     prefix = f"rr{tmp_path.name[-6:].replace('_', '')}"

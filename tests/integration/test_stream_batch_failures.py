@@ -143,6 +143,7 @@ def test_deterministic_batch_failure_blocks_with_offsets_then_quarantine_counts_
     assert ensure_stream_running(config, extra_env=env) == "healthy"
 
 
+@pytest.mark.slow  # ~2.5 min on the 2-core machine: `make test-slow`, not CI (its time budget)
 @pytest.mark.timeout(1200)
 def test_hung_batch_is_detected_by_the_supervisor_and_the_job_restarted(
     spark, local_stack, supervised, tmp_path

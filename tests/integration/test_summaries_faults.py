@@ -51,6 +51,7 @@ def stream_config(local_stack, tmp_path):
         stop_stream(config, timeout=30)
 
 
+@pytest.mark.slow  # ~7 min on the 2-core machine: `make test-slow`, not CI (its time budget)
 @pytest.mark.timeout(1800)  # four starts of spark-submit on a 2-core machine
 def test_summaries_exact_through_crashes_before_and_after_their_merge(spark, stream_config, tmp_path) -> None:
     topic, config = stream_config
