@@ -97,37 +97,39 @@ def airflow_local(local_stack: LocalStack, tmp_path_factory: pytest.TempPathFact
     )
     config = write_config_file(config, data_dir / "kdq.toml")
     start = floor_hour(datetime.now(UTC))
-    airflow = LocalAirflow(config, free_port(), paused=True, extra_env={START_DATE_ENV: start.isoformat()})
+    setup = AirflowSetup(config, LocalAirflow(config, free_port(), paused=True,
+                                              extra_env={START_DATE_ENV: start.isoformat()}), prefix, start)
     try:
-        airflow.migrate()
-        setup = AirflowSetup(config, airflow, prefix, start)
+        setup.airflow.migrate()
         _AIRFLOW_IN_USE.append(setup)
         yield setup
     finally:
-        _stop_airflow(config, airflow)
+        _stop_airflow(setup)
 
 
 _AIRFLOW_FIXTURES = {"airflow_local", "airflow_services"}
 _AIRFLOW_IN_USE: list[AirflowSetup] = []
 
 
-def _stop_airflow(config: Config, airflow: LocalAirflow) -> None:
+def _stop_airflow(setup: AirflowSetup) -> None:
+    """Airflow and the stream its supervisor DAG started (process groups); stopping twice is harmless."""
     from kdq.stream_process import stop_stream
 
-    airflow.stop(timeout=60)
-    stop_stream(config, timeout=60)
+    setup.airflow.stop(timeout=60)
+    stop_stream(setup.config, timeout=60)
 
 
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Airflow stops after the last test that uses it, not at the session's end: its scheduler, DAG processor,
     API server and triggerer take a fifth of a core while idle, which the rest of the suite (the unit tests
-    included) would otherwise pay for."""
+    included) would otherwise pay for. After the test's own teardown, which may still call Airflow's API."""
+    yield
     if not _AIRFLOW_IN_USE or not _AIRFLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
         return
     later = item.session.items[item.session.items.index(item) + 1:]
     if not any(_AIRFLOW_FIXTURES & set(getattr(other, "fixturenames", ())) for other in later):
-        setup = _AIRFLOW_IN_USE.pop()
-        _stop_airflow(setup.config, setup.airflow)
+        _stop_airflow(_AIRFLOW_IN_USE.pop())
 
 
 @pytest.fixture(scope="session")
