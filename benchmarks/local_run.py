@@ -131,6 +131,59 @@ def busy_percent(before: tuple[int, int], after: tuple[int, int]) -> float | Non
     return round(100.0 * busy / total, 1)
 
 
+# Which part of the product a process is, by its command line (first match); Spark's JVMs name their Python
+# script in their arguments, so a job's JVM and its Python driver count together.
+PROCESS_ROLES = (
+    ("stream", ("stream_counts.py",)),
+    ("sql endpoint", ("sql_endpoint.py",)),
+    ("expectations", ("evaluate_expectations.py",)),
+    ("batch jobs", ("spark_jobs/",)),
+    ("kafka", ("kafka.Kafka",)),
+    ("schema registry", ("apicurio",)),
+    ("influxdb", ("influxd",)),
+    ("airflow", ("airflow",)),
+    ("demo traffic", (" demo",)),
+    ("python workers", ("pyspark.daemon",)),
+)
+
+
+def process_role(cmdline: str) -> str:
+    for role, needles in PROCESS_ROLES:
+        if any(needle in cmdline for needle in needles):
+            return role
+    return "other"
+
+
+def process_cpu(proc: Path = Path("/proc")) -> dict[int, tuple[str, int]]:
+    """Per live process: (its role, user + system clock ticks so far)."""
+    out = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3 of stat(5)
+        out[int(entry.name)] = (process_role(cmdline), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def cores_by_role(before: Mapping[int, tuple[str, int]], after: Mapping[int, tuple[str, int]], seconds: float,
+                  ticks_per_second: int = 100) -> dict[str, float]:
+    """Mean cores each role used between two :func:`process_cpu` readings, largest first. A process started in
+    between counts from zero; one that ended in between is not seen (short Airflow task processes)."""
+    used: dict[str, int] = {}
+    for pid, (role, ticks) in after.items():
+        was = before.get(pid)
+        used[role] = used.get(role, 0) + ticks - (was[1] if was and was[0] == role else 0)
+    if seconds <= 0:
+        return {}
+    cores = {role: round(t / ticks_per_second / seconds, 2) for role, t in used.items()}
+    return dict(sorted(((r, c) for r, c in cores.items() if c > 0), key=lambda rc: -rc[1]))
+
+
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -348,6 +401,11 @@ def markdown(result: Mapping[str, Any]) -> str:
         + row(
             "CPU busy, mean / max",
             lambda f: f"{_s(f['load']['cpu_busy_percent_mean'], ' %')} / {_s(f['load']['cpu_busy_percent_max'], ' %')}",
+        )
+        + row(
+            "cores by process (mean)",
+            lambda f: ", ".join(f"{role} {cores}" for role, cores in list(f.get("cores_by_role", {}).items())[:6])
+            or "–",
         )
     )
     checks = "| target | phase | value | met |\n|---|---|---|---|\n" + "".join(
@@ -717,6 +775,7 @@ def run_phase(
     phase going past ``seconds`` for at most ``extend_s`` more."""
     start_ms = int(time.time() * 1000)
     started = time.monotonic()
+    cpu_before = process_cpu()
     samples, loads = [], []
     i = 0
     while True:
@@ -733,7 +792,9 @@ def run_phase(
         i += 1
         next_at = started + i * interval
         time.sleep(max(0.0, next_at - time.monotonic()))
-    return {"start_ms": start_ms, "end_ms": int(time.time() * 1000), "samples": samples, "loads": loads}
+    cores = cores_by_role(cpu_before, process_cpu(), time.monotonic() - started, os.sysconf("SC_CLK_TCK"))
+    return {"start_ms": start_ms, "end_ms": int(time.time() * 1000), "samples": samples, "loads": loads,
+            "cores_by_role": cores}
 
 
 def incident_section(incident: Mapping[str, Any] | None) -> str:
@@ -937,7 +998,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["page_marker"] = "data-numbers" if "data-numbers" in probes.markers else "sql-source"
         progress = read_progress_log(config, max_bytes=16 * 1024 * 1024)
         result["phases"] = {
-            name: phase_figures(r["samples"], r["loads"], progress, r["start_ms"], r["end_ms"])
+            name: {**phase_figures(r["samples"], r["loads"], progress, r["start_ms"], r["end_ms"]),
+                   "cores_by_role": r.get("cores_by_role", {})}
             for name, r in raw.items()
         }
         result["targets"] = targets(result["phases"]) + incident_target(result.get("incident"))

@@ -1,8 +1,9 @@
 """
 ### kdq expectations
 
-The always-on evaluator: a run starts `spark_jobs/evaluate_expectations.py`, which every 15 s for 59 minutes
-(`--every 15 --for-seconds 3540`, one Spark start-up an hour) judges the expectations of
+The always-on evaluator: a run starts `spark_jobs/evaluate_expectations.py`, which looks every 15 s for 59 minutes
+(`--every 15 --for-seconds 3540`, one Spark start-up an hour) and, when the counts, the incidents or the
+stream's state changed since its last evaluation, judges the expectations of
 `config/rules/topics.toml` (`[expectations]`, docs/expectations.md) on the per-minute counts of `window_counts`
 and on the stream's last progress, updates the incidents in `kdq.incidents`, and sends
 the notifications no channel has delivered yet:

@@ -11,10 +11,13 @@ outbox ``kdq.incident_notifications``: a re-run on the same counts changes and n
 ``--deliver`` it then sends what each channel of ``$KDQ_NOTIFY_CHANNELS`` still owes (kdq.notify); a failing
 channel is reported, never a failed run. How: :mod:`kdq.spark.expectations`, :mod:`kdq.expectation_run`.
 
-With ``--every N --for-seconds T`` it evaluates again every N seconds for T seconds in the same session (the
-DAG's task does: one Spark start-up per minute, not per evaluation, so an incident opens within seconds of the
+With ``--every N --for-seconds T`` it looks again every N seconds for T seconds in the same session (the
+DAG's task does: one Spark start-up an hour, not per evaluation, so an incident opens within seconds of the
 counts that cause it, not within the next run's start-up); each evaluation holds the evaluation lease on its
-own, so a manual run can slip in between.
+own, so a manual run can slip in between. A look whose inputs did not change since the last evaluation (Delta
+versions of the counts, reasons and incidents, the stream's progress and state, the minute) skips it, and an
+evaluation is followed by a rest at least as long as itself: on a 2-core machine shared with the stream the
+evaluator must not take a core of its own.
 
 Prints its report (kdq.job_reports.ExpectationsReport: the evaluations' combined) with the notifications it
 produced.
@@ -60,7 +63,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def run(spark, config: Config, args: argparse.Namespace) -> ExpectationsReport:
-    from kdq.spark.expectations import evaluate_expectations
+    from kdq.spark.expectations import IncidentsCache, evaluate_expectations, evaluation_inputs
 
     horizon = getattr(args, "horizon_minutes", DEFAULT_HORIZON_MINUTES)
     deliver = getattr(args, "deliver", False)
@@ -68,14 +71,37 @@ def run(spark, config: Config, args: argparse.Namespace) -> ExpectationsReport:
     if not every:
         now_ms = getattr(args, "now_ms", None) or int(time.time() * 1000)
         return evaluate_expectations(spark, config, now_ms, horizon, deliver=deliver)
-    reports = []
+    # Repeating: the machine is shared with the stream, so an evaluation runs only when what it reads changed
+    # (or deliveries are still owed), and rests at least as long as the last one took (at most half the wall
+    # clock, however slow the machine).
+    reports: list[ExpectationsReport] = []
+    incidents = IncidentsCache()
+    last_inputs, skipped = None, 0
     started = time.monotonic()
+    not_before = started
     while True:
-        reports.append(evaluate_expectations(spark, config, int(time.time() * 1000), horizon, deliver=deliver))
-        next_at = started + len(reports) * every
-        if next_at - started > for_seconds or not reports[-1].ok:
-            return ExpectationsReport.combined(reports)
-        time.sleep(max(0.0, next_at - time.monotonic()))
+        tick = time.monotonic()
+        now_ms = int(time.time() * 1000)
+        inputs = evaluation_inputs(spark, config, now_ms)
+        if inputs != last_inputs or not reports or owes_deliveries(reports[-1]):
+            reports.append(evaluate_expectations(spark, config, now_ms, horizon, deliver=deliver,
+                                                 incidents=incidents))
+            last_inputs = inputs
+            took = time.monotonic() - tick
+            not_before = time.monotonic() + took
+        else:
+            skipped += 1
+        if time.monotonic() + every - started > for_seconds or not reports[-1].ok:
+            report = ExpectationsReport.combined(reports)
+            report.skipped_unchanged = skipped
+            return report
+        time.sleep(max(0.0, tick + every - time.monotonic(), not_before - time.monotonic()))
+
+
+def owes_deliveries(report: ExpectationsReport) -> bool:
+    """The evaluation left notifications a channel failed or deferred: the next tick delivers again."""
+    delivery = report.delivery or {}
+    return "error" in delivery or any(sum(dict(delivery.get(key) or {}).values()) for key in ("failed", "deferred"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -142,6 +142,11 @@ class ExpectationSet:
         entry = self._entry(topic)
         return entry.checks if entry is not None else self.defaults
 
+    def reads_reasons(self) -> bool:
+        """Whether any check judges invalid reasons (``[[expectations.reason]]``): only then is an evaluation's
+        read of ``invalid_reasons`` needed."""
+        return any(c.kind == "reason" for c in (*self.defaults, *(c for e in self.entries for c in e.checks)))
+
     def lookback_minutes(self) -> int:
         """How many minutes before the first evaluated one the counts must reach (sliding periods, silence,
         anomaly baselines): what the caller reads from window_counts."""

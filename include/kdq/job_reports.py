@@ -291,6 +291,7 @@ class ExpectationsReport(JobReport):
     ``--deliver``): per channel sent / failed / skipped_already_sent, and ``errors`` (first 20). A failing
     channel does not make ``ok`` false: the evaluation is committed and the next run delivers again.
     ``step_seconds``: wall seconds per step (read, judge, sample, write, deliver), summed over a run's evaluations.
+    ``skipped_unchanged``: a repeating run's looks that found its inputs as the last evaluation left them.
     """
 
     now_ms: int = 0
@@ -305,6 +306,7 @@ class ExpectationsReport(JobReport):
     notifications: list[dict] = field(default_factory=list)
     delivery: dict[str, Any] | None = None
     evaluations: int = 1
+    skipped_unchanged: int = 0
     step_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -323,6 +325,7 @@ class ExpectationsReport(JobReport):
             notifications=[n for r in reports for n in r.notifications][:100],
             delivery=_summed([r.delivery for r in reports if r.delivery is not None]),
             evaluations=sum(r.evaluations for r in reports),
+            skipped_unchanged=sum(r.skipped_unchanged for r in reports),
             step_seconds={step: round(sum(r.step_seconds.get(step, 0.0) for r in reports), 3)
                           for step in dict.fromkeys(step for r in reports for step in r.step_seconds)},
         )

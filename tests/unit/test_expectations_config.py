@@ -118,6 +118,21 @@ def test_defaults_and_entries_merge_key_by_key_first_match_wins(tmp_path: Path) 
     assert {c.name: c.threshold for c in exp.stream if c.name.startswith("batch_")} == {
         "batch_failing": 1.0, "batch_running": 900.0}
     assert exp.lookback_minutes() >= 3 * 7 * 24 * 60
+    assert exp.reads_reasons()  # the defaults' reason_count, the legacy entry's reason_share
+
+
+def test_only_a_reason_check_makes_an_evaluation_read_the_reasons(tmp_path: Path) -> None:
+    def mkdir(path: Path) -> Path:
+        path.mkdir()
+        return path
+
+    ratio_only = load_rules(folder(mkdir(tmp_path / "a"), RULES + "[expectations]\ninvalid_ratio = { above = 0.3 }\n"))
+    assert not ratio_only.expectations.reads_reasons()
+    in_an_entry = load_rules(folder(mkdir(tmp_path / "b"), RULES + (
+        "[expectations]\ninvalid_ratio = { above = 0.3 }\n"
+        "[[expectations.topic]]\nmatch = 'orders'\n"
+        "[[expectations.topic.reason]]\nreason = 'not_json'\ncount_above = 5\n")))
+    assert in_an_entry.expectations.reads_reasons()
 
 
 @pytest.mark.parametrize(

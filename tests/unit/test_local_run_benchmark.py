@@ -10,6 +10,7 @@ from benchmarks.local_run import (
     JOBS,
     QUIET,
     busy_percent,
+    cores_by_role,
     cpu_times,
     evaluation_figures,
     evaluator_sentence,
@@ -20,6 +21,8 @@ from benchmarks.local_run import (
     page_figures,
     painted,
     phase_figures,
+    process_cpu,
+    process_role,
     sql_figures,
     stream_figures,
     targets,
@@ -237,3 +240,24 @@ def test_the_evaluators_steps_from_its_task_logs() -> None:
     assert figures["step_seconds"]["write"] == {"median": 0.2, "max": 0.3}
     assert "3 times" in evaluator_sentence(figures) and "read 3.5 s (max 9.0)" in evaluator_sentence(figures)
     assert evaluation_figures([]) == {"evaluations": 0, "step_seconds": {}} and evaluator_sentence(None) == ""
+def test_processes_are_counted_by_role_in_cores_over_the_phase(tmp_path) -> None:
+    def proc(pid: int, cmdline: str, ticks: tuple[int, int]) -> None:
+        folder = tmp_path / str(pid)
+        folder.mkdir(exist_ok=True)
+        (folder / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode())
+        rest = " ".join(["S", *["0"] * 10, str(ticks[0]), str(ticks[1]), *["0"] * 5])
+        (folder / "stat").write_text(f"{pid} (java (x)) {rest}\n")
+
+    proc(10, "java -cp x org.apache.spark.deploy.SparkSubmit /p/spark_jobs/stream_counts.py", (100, 20))
+    proc(11, "java -cp x SparkSubmit /p/spark_jobs/evaluate_expectations.py --every=15", (50, 10))
+    (tmp_path / "self").mkdir()
+    before = process_cpu(tmp_path)
+    assert before == {10: ("stream", 120), 11: ("expectations", 60)}
+    proc(10, "java -cp x org.apache.spark.deploy.SparkSubmit /p/spark_jobs/stream_counts.py", (200, 40))
+    proc(12, "python spark_jobs/batch_recompute.py --start=x", (30, 0))  # started during the phase
+    proc(13, "/usr/bin/java kafka.Kafka server.properties", (10, 0))
+    after = process_cpu(tmp_path)
+    # 120 more ticks of the stream over 10 s at 100 ticks/s: 0.12 cores; a new process counts from zero.
+    assert cores_by_role(before, after, 10.0) == {"stream": 0.12, "batch jobs": 0.03, "kafka": 0.01}
+    assert process_role("/v/bin/python -m kdq.cli --config k.toml demo") == "demo traffic"
+    assert process_role("bash") == "other"

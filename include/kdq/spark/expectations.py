@@ -201,24 +201,67 @@ def monitored_topics(config: Config, seen: Sequence[str]) -> list[str]:
     return sorted({*seen, *listed})
 
 
+def evaluation_inputs(spark: SparkSession, config: Config, now_ms: int) -> tuple:
+    """What an evaluation's outcome depends on, taken without a Spark job (Delta log versions, the stream's state
+    files): the minute (silence, the stream's checks and the horizon move with the clock), the versions of
+    ``window_counts``, ``invalid_reasons`` (when a check reads it) and ``kdq.incidents``, the stream's last progress, its failing
+    micro-batch and its batch in flight. Equal inputs give the same evaluation, so a repeating run skips it
+    (a blocked batch is then judged at the next minute). Taken before the evaluation it gates: anything that
+    changes while it runs changes the next inputs."""
+    progress = stream_status(config)["progress"] or {}
+    failure = read_failure(config) or {}
+    running = running_batch(config, now_ms=now_ms) or {}
+    tables = (WINDOW_COUNTS, INVALID_REASONS, INCIDENTS)
+    if not load_rules(config.rules_dir).expectations.reads_reasons():
+        tables = (WINDOW_COUNTS, INCIDENTS)
+    return (
+        now_ms // MINUTE_MS,
+        *(int(delta_snapshot(spark, table_path(config, table)).version()) for table in tables),
+        progress.get("timestamp"),
+        failure.get("attempts"),
+        running.get("batch_id"),
+    )
+
+
+class IncidentsCache:
+    """The stored incidents of one ``kdq.incidents`` version, kept between the evaluations of one run: a
+    repeating run writes them seldom and reads them every time (a Spark job each, about a second on a busy
+    2-core machine). Read again whenever the table's version moved, whoever wrote it."""
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.rows: list[Incident] = []
+
+    def read(self, spark: SparkSession, config: Config) -> list[Incident]:
+        path = table_path(config, INCIDENTS)
+        version = int(delta_snapshot(spark, path).version())
+        if version != self.version:
+            self.rows = stored_incidents(spark.read.format("delta").option("versionAsOf", version).load(path))
+            self.version = version
+        return list(self.rows)
+
+
 def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
                  horizon_minutes: int = DEFAULT_HORIZON_MINUTES,
                  still_held: Callable[[], None] = lambda: None,
-                 step_seconds: dict[str, float] | None = None) -> RunResult:
+                 step_seconds: dict[str, float] | None = None,
+                 incidents: IncidentsCache | None = None) -> RunResult:
     """Read, evaluate, write; the run's result (changed rows and notifications). No delivery here.
     ``still_held`` raises when the run lost its lease: called before each write. ``step_seconds`` gets each
-    step's wall seconds (read, judge, sample, write): what an evaluation's time goes to, in its report."""
+    step's wall seconds (read, judge, sample, write): what an evaluation's time goes to, in its report.
+    ``incidents``: a repeating run's cache of the stored incidents (read under the lease, like every input)."""
     steps = StepClock(step_seconds)
     rules = load_rules(config.rules_dir)
     expectations = rules.expectations
     counts_path = table_path(config, WINDOW_COUNTS)
     counts_version = int(delta_snapshot(spark, counts_path).version())
-    stored = stored_incidents(spark.read.format("delta").load(table_path(config, INCIDENTS)))
+    stored = (incidents or IncidentsCache()).read(spark, config)
     window = run_window(expectations, stored, now_ms, horizon_minutes)
     from_ms = window.read_from_minute * MINUTE_MS
     window_counts = spark.read.format("delta").option("versionAsOf", counts_version).load(counts_path)
     counts = minute_counts(window_counts, from_ms)
-    reasons = minute_reasons(spark.read.format("delta").load(table_path(config, INVALID_REASONS)), from_ms)
+    reasons = (minute_reasons(spark.read.format("delta").load(table_path(config, INVALID_REASONS)), from_ms)
+               if expectations.reads_reasons() else [])  # a Spark job no check would use
     topics_seen = sorted({str(r["topic"]) for r in counts})
     if expectations.unruled_topic or any(e.unruled_topic for e in expectations.entries):
         topics_seen = monitored_topics(config, topics_seen)
@@ -316,17 +359,18 @@ def holding_the_evaluation(config: Config, wait_seconds: float = LEASE_WAIT_SECO
 
 def evaluate_expectations(spark: SparkSession, config: Config, now_ms: int,
                           horizon_minutes: int = DEFAULT_HORIZON_MINUTES, deliver: bool = False,
-                          lease_wait_seconds: float = LEASE_WAIT_SECONDS) -> ExpectationsReport:
+                          lease_wait_seconds: float = LEASE_WAIT_SECONDS,
+                          incidents: IncidentsCache | None = None) -> ExpectationsReport:
     """The job, holding the evaluation lease: evaluate and write, then (``deliver``) send what is pending; a
     failing channel is reported, never a failed run (the evaluation is committed, the next run delivers again)."""
     with holding_the_evaluation(config, lease_wait_seconds) as still_held:
-        return _evaluate_and_deliver(spark, config, now_ms, horizon_minutes, deliver, still_held)
+        return _evaluate_and_deliver(spark, config, now_ms, horizon_minutes, deliver, still_held, incidents)
 
 
 def _evaluate_and_deliver(spark: SparkSession, config: Config, now_ms: int, horizon_minutes: int, deliver: bool,
-                          still_held: Callable[[], None]) -> ExpectationsReport:
+                          still_held: Callable[[], None], incidents: IncidentsCache | None) -> ExpectationsReport:
     step_seconds: dict[str, float] = {}
-    result = evaluate_run(spark, config, now_ms, horizon_minutes, still_held, step_seconds)
+    result = evaluate_run(spark, config, now_ms, horizon_minutes, still_held, step_seconds, incidents)
     report = ExpectationsReport(
         step_seconds=step_seconds,
         now_ms=now_ms,
