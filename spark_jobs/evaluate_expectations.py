@@ -49,7 +49,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--every", dest="every_seconds", type=float, default=0.0,
                         help="evaluate again every this many seconds (with --for-seconds; default: once)")
     parser.add_argument("--for-seconds", type=float, default=0.0,
-                        help="with --every: start evaluations for this long after the first one")
+                        help="with --every: look again for this long after the first evaluation")
     args = parser.parse_args(argv)
     if args.horizon_minutes < 1:
         parser.error("--horizon-minutes must be at least 1")
@@ -60,6 +60,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.every_seconds and args.now_ms:
         parser.error("--every judges the clock's minutes as they pass: it takes no --now")
     return args
+
+
+REST_FACTOR = 1.0  # a repeating run rests this many times as long as its last evaluation took
 
 
 def run(spark, config: Config, args: argparse.Namespace) -> ExpectationsReport:
@@ -77,8 +80,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> ExpectationsReport:
     reports: list[ExpectationsReport] = []
     incidents = IncidentsCache()
     last_inputs, skipped = None, 0
-    started = time.monotonic()
-    not_before = started
+    started = not_before = time.monotonic()
     while True:
         tick = time.monotonic()
         now_ms = int(time.time() * 1000)
@@ -87,8 +89,9 @@ def run(spark, config: Config, args: argparse.Namespace) -> ExpectationsReport:
             reports.append(evaluate_expectations(spark, config, now_ms, horizon, deliver=deliver,
                                                  incidents=incidents))
             last_inputs = inputs
-            took = time.monotonic() - tick
-            not_before = time.monotonic() + took
+            not_before = time.monotonic() + REST_FACTOR * (time.monotonic() - tick)
+            if len(reports) == 1:
+                started = time.monotonic()  # --for-seconds counts from the first evaluation's end (its cold start)
         else:
             skipped += 1
         if time.monotonic() + every - started > for_seconds or not reports[-1].ok:
