@@ -363,7 +363,7 @@ def test_local_airflow_spark_default_names_the_stacks_master(
 
 
 def test_maintenance_waits_for_its_quiet_hour_on_a_first_start() -> None:
-    """Issue 25: `make run` at any hour must not start the daily maintenance at once. With a start date and
+    """`make run` at any hour must not start the daily maintenance at once. With a start date and
     catchup=False Airflow schedules the latest past interval immediately; the maintenance has no start date and
     its trigger timetable waits for the next quiet hour, whatever the hour of the first start."""
     from unittest import mock

@@ -5,7 +5,7 @@ The speed layer, the hourly recompute, the rebuild and archive-from-Kafka all ca
 whole micro-batch, and a replay would fail the same way forever. Here generated
 adversarial values (random bytes, absurd event times, deep nesting, numbers beyond
 64 bits, lone surrogates, duplicate keys, a rule with a catastrophic regex) and
-the named poison records of the issue go through it, and every row must come
+the named poison records (POISON) go through it, and every row must come
 back with a verdict.
 """
 
