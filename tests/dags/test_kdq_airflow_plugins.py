@@ -305,6 +305,21 @@ def test_push_corrections_reads_the_recompute_report(submissions: Submissions, t
     assert [submissions.job_of(c) for c in submissions.commands] == ["push_corrections"] * 4
 
 
+def test_the_influx_catch_up_is_submitted_only_with_a_push_pending(submissions: Submissions, tmp_path: Path) -> None:
+    from kdq.config import load_config
+    from kdq.stream_state import InfluxPushState
+    from kdq_airflow.operators import InfluxCatchUpOperator
+
+    config_file = _config_file(tmp_path)
+    task = InfluxCatchUpOperator(task_id="influx_catch_up", config_path=str(config_file))
+    assert load_config(config_file).influxdb.enabled
+    assert task.execute({}) is None and submissions.commands == []  # nothing pending: no Spark session started
+    InfluxPushState(load_config(config_file)).record_failure(1_700_000_000_000, "connection refused")
+    report = task.execute({})
+    [command] = submissions.commands
+    assert submissions.job_of(command) == "influx_catch_up" and report == {"ok": True, "argv": command}
+
+
 def test_airflow_submits_like_the_cli_with_secrets_off_the_command_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The operators' SparkSubmitHook gets the CLI's submission: the cluster master's --py-files, the jars, and
     [spark.conf]'s secrets in the private --properties-file (the hook masks secrets in its log, not in the
