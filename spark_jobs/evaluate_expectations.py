@@ -1,4 +1,4 @@
-"""Expectations entrypoint (issue 27): judge the counts, update ``kdq.incidents``, notify the channels.
+"""Expectations entrypoint: judge the counts, update ``kdq.incidents``, notify the channels.
 
     spark-submit spark_jobs/evaluate_expectations.py [--config kdq.toml] [--now 2026-11-27T09:00:00Z] \
         [--horizon-minutes 180] [--deliver] [--every 15 --for-seconds 40]

@@ -1,4 +1,4 @@
-"""Volume and invalid-ratio anomalies of a topic against its own usual level (issue 27, the anomaly expectation).
+"""Volume and invalid-ratio anomalies of a topic against its own usual level (the anomaly expectation).
 
 Pure numpy (no Spark): the caller reads a topic's per-minute counts from ``window_counts`` (records and invalid
 records per minute of event time, oldest first, one array element per minute) and asks, for the minutes to

@@ -1,4 +1,4 @@
-"""Failing and hung micro-batches of the speed layer, and the operator's way out (issue 13). No Spark import.
+"""Failing and hung micro-batches of the speed layer, and the operator's way out. No Spark import.
 
 Three small JSON files next to the heartbeat in ``<data_dir>/stream/``:
 

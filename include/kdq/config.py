@@ -226,7 +226,7 @@ class KafkaConfig(_Section):
     metrics_topic: str = "kdq.metrics"
     starting_offsets: str = "earliest"
     # A catch-up's batch size. The count path keeps no batch in memory (one pass into the archive), so a bigger
-    # batch costs no memory and amortises the per-batch MERGE and commits (benchmarks/PERF_NOTES.md, issue 24).
+    # batch costs no memory and amortises the per-batch MERGE and commits (benchmarks/PERF_NOTES.md, "where a batch's time goes").
     max_offsets_per_trigger: int = Field(default=1_000_000, gt=0)
     fail_on_data_loss: bool = True
     max_message_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
@@ -388,7 +388,7 @@ class InfluxConfig(_Section):
 
 
 class RegistryConfig(_Section):
-    """The Schema Registry kdq reads schemas from (issue 28): its Confluent-compatible REST API, whichever product
+    """The Schema Registry kdq reads schemas from: its Confluent-compatible REST API, whichever product
     serves it (Confluent Schema Registry, Apicurio Registry's ``/apis/ccompat/v7``, Karapace, Redpanda).
 
     Secrets (``password``, ``bearer_token``) belong in the environment (``KDQ_REGISTRY__PASSWORD``,

@@ -1,4 +1,4 @@
-"""One driver per checkpoint: a lease inside the checkpoint, enforced by every stream driver (issue 23, item 2).
+"""One driver per checkpoint: a lease inside the checkpoint, enforced by every stream driver.
 
 Two drivers on one checkpoint (a second ``kdq stream`` on another host, a supervisor that cannot see its own
 stream, a restored backup started beside the original) both plan and write the same micro-batches. The stream

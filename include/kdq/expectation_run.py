@@ -1,4 +1,4 @@
-"""One evaluation run of the expectations (issue 27): stored incidents and counts in, changed rows out.
+"""One evaluation run of the expectations: stored incidents and counts in, changed rows out.
 
 The run keeps nothing between runs but the ``kdq.incidents`` rows: each run re-evaluates every minute from
 :func:`kdq.incidents.evaluation_floor` (a horizon back from now, moved back to the first minute of any

@@ -1,4 +1,4 @@
-"""Evaluate expectations (issue 27): per-minute counts, the stream's figures and the topic list in, verdicts out.
+"""Evaluate expectations: per-minute counts, the stream's figures and the topic list in, verdicts out.
 
 Pure functions, no Spark: the caller reads per-minute counts from ``window_counts`` (valid, invalid) and
 ``invalid_reason_counts`` (per reason), the stream's latency and lag from its progress, and the monitored topics

@@ -1,4 +1,4 @@
-"""Expectations declared beside the rules, in ``topics.toml`` (issue 27): what opens an incident for a topic.
+"""Expectations declared beside the rules, in ``topics.toml``: what opens an incident for a topic.
 
 Parsed and checked by :func:`kdq.rules.load_rules` with the rest of ``topics.toml``, so a typo stops the stream
 at start with the file and the key, like a broken rule. Expectations are *not* part of any rule version: they

@@ -1,4 +1,4 @@
-"""Incidents from verdicts (issue 27): open, update, worsen, resolve, amend, retract — a pure state machine.
+"""Incidents from verdicts: open, update, worsen, resolve, amend, retract — a pure state machine.
 
 The incidents of a (topic, expectation) are a function of its per-minute verdicts **in event-time order**, not
 of the order evaluations arrived in:

@@ -282,7 +282,7 @@ class EndpointReport(JobReport):
 
 @dataclass(kw_only=True)
 class ExpectationsReport(JobReport):
-    """``spark_jobs/evaluate_expectations.py`` (issue 27): one evaluation of the expectations.
+    """``spark_jobs/evaluate_expectations.py``: one evaluation of the expectations.
 
     ``first_minute``/``last_minute``: the minutes judged (ISO UTC); ``counts_version``: the ``window_counts``
     version read; ``incidents_changed``: rows written to ``kdq.incidents``; ``notifications``: the first 100 the

@@ -1,4 +1,4 @@
-"""Sending incident notifications (issue 27): channels, retries with backoff, and which ones are still due.
+"""Sending incident notifications: channels, retries with backoff, and which ones are still due.
 
 A notification (a row of the outbox ``kdq.incident_notifications``) goes to every configured channel once:
 :func:`deliver` sends each (notification, channel) pair that has no delivery yet, retries a failure with

@@ -225,7 +225,7 @@ SUMMARY_CORRECTIONS = TableSpec(
     comment="Every change the batch layer made to summaries (statistics before and after as JSON).",
 )
 
-# Expectations and incidents (issue 27: kdq.expectations, kdq.incidents), written by spark_jobs/evaluate_expectations.py:
+# Expectations and incidents (kdq.expectations, kdq.incidents), written by spark_jobs/evaluate_expectations.py:
 # one row per incident, MERGEd on incident_key guarded by version (kdq.spark.expectations).
 INCIDENTS = TableSpec(
     name="incidents",

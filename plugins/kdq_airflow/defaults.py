@@ -140,7 +140,7 @@ def kdq_recompute_timetable():
 def kdq_expectations_interval(default: timedelta = DEFAULT_EXPECTATIONS_INTERVAL) -> timedelta:
     """How often the expectations are evaluated: ``$KDQ_AIRFLOW_EXPECTATIONS_SECONDS`` or every minute.
 
-    The interval bounds how late an incident opens after its records were counted (issue 27 asks for within a
+    The interval bounds how late an incident opens after its records were counted (it is due within a
     minute). At least 30 s: each run starts a Spark session, and a shorter interval would queue runs behind
     each other (the DAG runs one at a time). A malformed value is an import error naming the variable."""
     return _seconds_from_env(EXPECTATIONS_INTERVAL_ENV, default, at_least=30)
@@ -158,7 +158,7 @@ def kdq_expectations_repeat(default: timedelta = timedelta(seconds=EXPECTATIONS_
     failing, so the evaluator is always on, supervised like the stream. A run per minute evaluating once paid a
     Spark start-up for each evaluation, and on a saturated 2-core machine a start-up in the background took
     minutes (benchmarks.local_run saw evaluations 4 to 5 minutes apart): an incident is due within a minute of
-    its records (issue 27)."""
+    its records."""
     run_seconds = _seconds_from_env(EXPECTATIONS_RUN_ENV, default, at_least=0).total_seconds()
     return (EXPECTATIONS_EVERY_SECONDS if run_seconds else 0.0), run_seconds
 

@@ -19,7 +19,7 @@ checkpoint's lease (another host, an operator's foreground run). The supervisor 
 start when the checkpoint is local, and otherwise learns it from the refused driver's record; either way
 it returns ``owned_elsewhere`` without counting a restart, and tries again after ``backoff_seconds``.
 
-Health is judged by batch progress, not by the heartbeat alone (issue 13, ``kdq.batch_failures``):
+Health is judged by batch progress, not by the heartbeat alone (``kdq.batch_failures``):
 
 * a micro-batch running longer than ``stream.max_batch_seconds`` is **hung**: the check logs it, records it
   as a failed attempt of that batch, stops the stream (SIGTERM, SIGKILL after

@@ -163,7 +163,7 @@ def test_hourly_recompute_is_interval_driven_and_emits_the_asset(parsed: dict) -
 
 
 def test_hourly_reconcile_does_not_wait_for_influxdb(parsed: dict) -> None:
-    """Reconcile checks Delta against Kafka and the archive; it must run while InfluxDB is down (issue 23, item 7e):
+    """Reconcile checks Delta against Kafka and the archive; it must run while InfluxDB is down:
     a push or catch-up failing for a day must not leave every hour's reconcile upstream_failed."""
     tasks = parsed["dags"]["kdq_hourly_recompute"]["tasks"]
 

@@ -1,5 +1,5 @@
 """The plugin pieces that need no Airflow run: the supervisor lock, the maintenance statements, the
-shared DAG defaults and the local start date."""
+shared DAG defaults, the local start date, and the operators' submissions (spark-submit replaced by a stand-in)."""
 
 from __future__ import annotations
 
@@ -136,18 +136,154 @@ def test_maintenance_is_a_spark_job_like_the_others() -> None:
     assert (args.archive_retention_days, args.vacuum_retain_hours, args.today) == (7, 200, dt.date(2026, 11, 24))
 
 
-def test_push_corrections_reads_the_recompute_report(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kdq_airflow.operators import KdqSparkJobOperator, PushCorrectionsOperator
+# What spark-submit's place takes in the operator tests below: it prints what a kdq job prints (log lines, a JSON
+# array, an earlier JSON object, then its report as the last JSON object line, here naming the command line it got)
+# and exits with FAKE_SUBMIT_EXIT.
+FAKE_SPARK_SUBMIT = """
+import json, os, sys
+print("26/11/28 12:00:00 INFO SparkContext: Running Spark version 4.0.1")
+print(json.dumps([1, 2]))
+print(json.dumps({"earlier": True}))
+print("{not json}")
+print(json.dumps({"ok": True, "argv": sys.argv[1:]}))
+print("26/11/28 12:00:09 INFO SparkContext: Successfully stopped SparkContext")
+sys.exit(int(os.environ.get("FAKE_SUBMIT_EXIT", "0")))
+"""
 
-    # The base operator's execute stands for spark-submit: it records which job was submitted and returns that
-    # submission's own report, so a push is proven by the job name recorded and the report passed through.
-    submitted: list[str] = []
 
-    def submit(self, context):
-        submitted.append(self.job)
-        return {"submitted": self.job, "number": len(submitted)}
+class Submissions:
+    """The operators' real path (execute -> submit_settings -> the report hook -> SparkSubmitHook.submit), with only
+    the spark-submit process replaced: the hook's Popen records the command line and the environment, then runs
+    :data:`FAKE_SPARK_SUBMIT` in its place with the hook's own pipes. ``missing`` makes the binary absent."""
 
-    monkeypatch.setattr(KdqSparkJobOperator, "execute", submit)
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import subprocess
+        from types import SimpleNamespace
+
+        from airflow.providers.apache.spark.hooks import spark_submit
+
+        self.commands: list[list[str]] = []
+        self.envs: list[dict[str, str]] = []
+        self.missing = False
+        self._popen = subprocess.Popen
+        monkeypatch.setattr(
+            spark_submit, "subprocess", SimpleNamespace(Popen=self._run, PIPE=subprocess.PIPE, STDOUT=subprocess.STDOUT)
+        )
+
+    def _run(self, command: list[str], **kwargs):
+        self.commands.append(list(command))
+        self.envs.append(dict(kwargs.get("env") or {}))
+        if self.missing:
+            raise FileNotFoundError(2, "No such file or directory", command[0])
+        return self._popen([sys.executable, "-c", FAKE_SPARK_SUBMIT, *command], **kwargs)
+
+    def job_of(self, command: list[str]) -> str:
+        """The job a command line submits: the application's file name in spark_jobs/."""
+        return next(Path(part).stem for part in command if part.endswith(".py") and "spark_jobs" in part)
+
+
+@pytest.fixture
+def submissions(monkeypatch: pytest.MonkeyPatch) -> Submissions:
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.delenv("FAKE_SUBMIT_EXIT", raising=False)
+    return Submissions(monkeypatch)
+
+
+def _config_file(tmp_path: Path, **spark: str) -> Path:
+    from tests.conftest import PROJECT_ROOT
+
+    path = tmp_path / "kdq.toml"
+    lines = ["[paths]", f'data_dir = "{tmp_path / "data"}"', f'jars_dir = "{PROJECT_ROOT / ".cache" / "jars"}"', "[spark]"]
+    lines += [f'{key} = "{value}"' for key, value in spark.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_spark_job_task_submits_the_job_and_returns_its_report(submissions: Submissions, tmp_path: Path) -> None:
+    """execute submits spark_jobs/<job>.py with the CLI's submission, the config file and the job's arguments (an
+    empty one dropped) on the command line, at batch priority, on the connection's master; it returns the last JSON
+    object the job printed."""
+    from kdq.config import load_config
+    from kdq.spark.submit import job_path, priority_prefix, submission
+    from kdq_airflow.operators import KdqSparkJobOperator
+
+    config_file = _config_file(tmp_path)
+    task = KdqSparkJobOperator(task_id="recompute", job="batch_recompute", config_path=str(config_file),
+                               job_args=["--start=2026-11-28T10:00:00+00:00", "", "--skip-push"])
+    report = task.execute({})
+
+    [command] = submissions.commands
+    prefix = priority_prefix("batch_recompute")
+    assert prefix and command[: len(prefix)] == prefix  # below the stream: chrt --idle / nice
+    assert command[len(prefix)] == "spark-submit"
+    assert command[command.index("--master") + 1] == "local[2]"
+    application = command.index(str(job_path("batch_recompute")))
+    assert command[application + 1:] == [
+        "--config", str(config_file), "--start=2026-11-28T10:00:00+00:00", "--skip-push"]
+    parts = submission(load_config(config_file), "batch_recompute")
+    assert command[command.index("--name") + 1] == parts.name
+    if parts.jars:
+        assert command[command.index("--jars") + 1] == parts.jars
+    # The report is what the job printed last, not an earlier JSON line: here it names the command line the job got.
+    assert report == {"ok": True, "argv": command}
+    [env] = submissions.envs
+    assert env["PYSPARK_PYTHON"] == sys.executable and env["PATH"].startswith(str(Path(sys.executable).parent))
+    assert env["TZ"] == "UTC"
+
+
+def test_a_failed_or_unsubmittable_job_fails_the_task(
+    submissions: Submissions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.sdk.exceptions import AirflowException
+
+    from kdq_airflow.operators import KdqSparkJobOperator
+
+    task = KdqSparkJobOperator(task_id="rebuild", job="rebuild", config_path=str(_config_file(tmp_path)))
+    monkeypatch.setenv("FAKE_SUBMIT_EXIT", "3")
+    with pytest.raises(AirflowException, match="Error code is: 3"):
+        task.execute({})
+    monkeypatch.delenv("FAKE_SUBMIT_EXIT")
+    submissions.missing = True
+    with pytest.raises(AirflowException, match="kdq job rebuild could not be submitted: .*No such file"):
+        task.execute({})
+    assert [submissions.job_of(c) for c in submissions.commands] == ["rebuild", "rebuild"]
+    with pytest.raises(Exception, match="no Spark job named 'no_such_job'"):
+        KdqSparkJobOperator(task_id="x", job="no_such_job", config_path=str(_config_file(tmp_path))).execute({})
+    assert len(submissions.commands) == 2  # nothing run for a job that does not exist
+
+
+def test_maintenance_is_submitted_on_one_core_with_its_arguments(submissions: Submissions, tmp_path: Path) -> None:
+    from kdq_airflow.operators import MaintenanceOperator
+
+    task = MaintenanceOperator(task_id="m", archive_retention_days=7, config_path=str(_config_file(tmp_path)))
+    task.execute({})
+    [command] = submissions.commands
+    assert submissions.job_of(command) == "maintenance"
+    assert command[command.index("--master") + 1] == "local[1]"  # the connection's local[2], capped
+    assert command[-2:] == ["--archive-retention-days=7", "--vacuum-retain-hours=168"]
+
+
+def test_the_expectations_channels_reach_the_job_in_its_environment_only(
+    submissions: Submissions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kdq.notify import CHANNELS_ENV
+    from kdq_airflow.operators import ExpectationsOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_KDQ_WEBHOOK", json.dumps({
+        "conn_type": "http", "host": "hooks.example", "schema": "https", "password": "tok-5e0f"}))
+    task = ExpectationsOperator(task_id="e", channel_conn_ids=["kdq_webhook"], config_path=str(_config_file(tmp_path)))
+    task.execute({})
+    [command], [env] = submissions.commands, submissions.envs
+    assert submissions.job_of(command) == "evaluate_expectations" and command[-1] == "--deliver"
+    assert "tok-5e0f" not in " ".join(command)
+    [channel] = json.loads(env[CHANNELS_ENV])
+    assert channel["url"] == "https://hooks.example" and channel["headers"] == {"Authorization": "Bearer tok-5e0f"}
+
+
+def test_push_corrections_reads_the_recompute_report(submissions: Submissions, tmp_path: Path) -> None:
+    """Skipped only when the recompute's report says no window was late; else push_corrections is submitted and
+    its own report returned."""
+    from kdq_airflow.operators import PushCorrectionsOperator
 
     class TaskInstance:
         def __init__(self, xcom):
@@ -157,17 +293,31 @@ def test_push_corrections_reads_the_recompute_report(monkeypatch: pytest.MonkeyP
             assert task_ids == "recompute"
             return self.xcom
 
-    task = PushCorrectionsOperator(task_id="push_corrections")
+    task = PushCorrectionsOperator(task_id="push_corrections", config_path=str(_config_file(tmp_path)))
     none_late = {"late_windows": 0, "corrections": 0, "summaries": {"late_windows": 0}, "ok": True}
-    assert task.execute({"ti": TaskInstance(none_late)}) is None and submitted == []
+    assert task.execute({"ti": TaskInstance(none_late)}) is None and submissions.commands == []
     summaries_late = {**none_late, "summaries": {"late_windows": 2}}
-    assert task.execute({"ti": TaskInstance(summaries_late)}) == {"submitted": "push_corrections", "number": 1}
-    assert task.execute({"ti": TaskInstance({**none_late, "late_windows": 1})}) == {"submitted": "push_corrections", "number": 2}
-    # No report (or not a recompute report): push anyway.
-    assert task.execute({"ti": TaskInstance(None)}) == {"submitted": "push_corrections", "number": 3}
-    assert task.execute({"ti": TaskInstance({"ok": True})}) == {"submitted": "push_corrections", "number": 4}
-    assert submitted == ["push_corrections"] * 4
-    assert submitted == ["push_corrections"] * 4
+    pushes = [summaries_late, {**none_late, "late_windows": 1},
+              None, {"ok": True}]  # no report, or not a recompute report: push anyway
+    for number, printed in enumerate(pushes, start=1):
+        report = task.execute({"ti": TaskInstance(printed)})
+        assert len(submissions.commands) == number and report == {"ok": True, "argv": submissions.commands[-1]}
+    assert [submissions.job_of(c) for c in submissions.commands] == ["push_corrections"] * 4
+
+
+def test_the_influx_catch_up_is_submitted_only_with_a_push_pending(submissions: Submissions, tmp_path: Path) -> None:
+    from kdq.config import load_config
+    from kdq.stream_state import InfluxPushState
+    from kdq_airflow.operators import InfluxCatchUpOperator
+
+    config_file = _config_file(tmp_path)
+    task = InfluxCatchUpOperator(task_id="influx_catch_up", config_path=str(config_file))
+    assert load_config(config_file).influxdb.enabled
+    assert task.execute({}) is None and submissions.commands == []  # nothing pending: no Spark session started
+    InfluxPushState(load_config(config_file)).record_failure(1_700_000_000_000, "connection refused")
+    report = task.execute({})
+    [command] = submissions.commands
+    assert submissions.job_of(command) == "influx_catch_up" and report == {"ok": True, "argv": command}
 
 
 def test_airflow_submits_like_the_cli_with_secrets_off_the_command_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -228,7 +378,7 @@ def test_local_airflow_spark_default_names_the_stacks_master(
 
 
 def test_maintenance_waits_for_its_quiet_hour_on_a_first_start() -> None:
-    """Issue 25: `make run` at any hour must not start the daily maintenance at once. With a start date and
+    """`make run` at any hour must not start the daily maintenance at once. With a start date and
     catchup=False Airflow schedules the latest past interval immediately; the maintenance has no start date and
     its trigger timetable waits for the next quiet hour, whatever the hour of the first start."""
     from unittest import mock

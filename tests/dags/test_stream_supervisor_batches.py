@@ -1,4 +1,4 @@
-"""Issue 13 without Airflow or Spark: failing and hung micro-batches as the supervisor check sees them
+"""Without Airflow or Spark: failing and hung micro-batches as the supervisor check sees them
 (``ensure_stream_running`` with the stream's process start/stop replaced), the failure record, and the
 quarantine list (kdq.batch_failures)."""
 

@@ -1,4 +1,4 @@
-"""The stream supervisor under long faults (issue 23, item 7), without Airflow or Spark: a capped backoff, a
+"""The stream supervisor under long faults, without Airflow or Spark: a capped backoff, a
 start-up longer than the start grace, transient failures that never block, a hung-batch limit that grows per
 attempt, and an OS lock that dies with its holder."""
 
@@ -191,7 +191,7 @@ def test_a_lock_file_naming_a_live_pid_but_unlocked_is_taken(tmp_path: Path) -> 
         pass
 
 
-# -- item 2b: another driver owns the checkpoint ---------------------------------------------------------
+# -- another driver owns the checkpoint ------------------------------------------------------------------
 
 
 def test_a_live_lease_of_another_driver_is_owned_elsewhere_not_a_crash(config, monkeypatch) -> None:

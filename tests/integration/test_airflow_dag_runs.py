@@ -22,8 +22,10 @@ import psutil
 import pytest
 from pyspark.sql import functions as F
 
+from kdq.checkpoint_offsets import speed_layer_checkpoint
+from kdq.spark.speed_layer import app_id_for
+from kdq.spark.writers import txn_version
 from kdq.stream_process import stop_stream, stream_process
-from kdq.stream_state import last_batch_id
 from tests.integration.helpers import (
     W0,
     dags_test,
@@ -86,15 +88,19 @@ def test_supervisor_restarts_a_killed_stream_and_counts_stay_exact(spark, local_
     assert second is not None and second.pid != first.pid, "the supervisor did not restart the stream"
     truth = expected_counts(topic, produced)
     wait_for(lambda: window_counts(spark, config, topic) == truth, 300, "the restarted stream catches up")
-    # Exact, and stays so: no window counted twice after the crash. Proven over later micro-batches: a Spark
-    # stream runs no batch without new records, so a third wave makes at least one, and every window (the first
-    # two waves' too) must then hold exactly the truth.
-    caught_up_at = last_batch_id(config)
-    assert caught_up_at is not None
+    # Exact, and stays so: no window counted twice after the crash. Proven over a later micro-batch, not a pause:
+    # a Spark stream runs no batch without new records, so a third wave makes at least one, and every window (the
+    # first two waves' too) must then hold exactly the truth. The evidence that a batch ran is the stream's own
+    # Delta transaction record in window_counts (the batch id its MERGE committed, in the same commit as the
+    # counts; the progress file is written later, by a listener).
+    counts_table = str(config.tables_dir / "window_counts")
+    stream_app_id = app_id_for(speed_layer_checkpoint(config))
+    caught_up_at = txn_version(spark, counts_table, stream_app_id)
+    assert caught_up_at >= 0, "no batch of the stream is recorded in window_counts"
     send(_wave(int(time.time() * 1000), 30))
     truth = expected_counts(topic, produced)
     wait_for(lambda: window_counts(spark, config, topic) == truth, 300, "a later micro-batch counts the third wave")
-    assert last_batch_id(config) > caught_up_at
+    assert txn_version(spark, counts_table, stream_app_id) > caught_up_at, "no later micro-batch merged its counts"
     archived = archive_rows(spark, config, topic)
     assert archived.count() == archived.select("partition", "offset").distinct().count() == len(produced)
 

@@ -1,4 +1,4 @@
-"""No secret in the Airflow task log of a failing kdq job (issue 26, item 6).
+"""No secret in the Airflow task log of a failing kdq job.
 
 The session's Airflow (``airflow_services``: scheduler, LocalExecutor, API server) runs a real ``kdq_rebuild``
 task twice, triggered through the REST API like a user does, while the kdq config its tasks load
@@ -125,7 +125,7 @@ def _run_until_the_first_attempt_fails(api, timeout: float = 420) -> tuple[str, 
     api.request("PATCH", f"dags/{DAG}", json={"is_paused": False}).raise_for_status()
     response = api.request("POST", f"dags/{DAG}/dagRuns", json={
         "logical_date": None,
-        "conf": {"from": "2023-11-14T00:00:00+00:00", "to": "2023-11-14T01:00:00+00:00", "reason": "issue 26"},
+        "conf": {"from": "2023-11-14T00:00:00+00:00", "to": "2023-11-14T01:00:00+00:00", "reason": "task log secrets test"},
     })
     assert response.ok, response.text
     run_id = response.json()["dag_run_id"]

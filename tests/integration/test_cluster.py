@@ -1,4 +1,4 @@
-"""The cluster shape of the local stack (issue 16): three KRaft brokers (RF 3, min.insync.replicas 2) and a
+"""The cluster shape of the local stack: three KRaft brokers (RF 3, min.insync.replicas 2) and a
 Spark standalone master with two workers, started by ``LocalStack(cluster=True)`` (what `kdq up --cluster`
 runs) in a folder of its own. The speed layer is submitted to the standalone master with spark-submit
 (--py-files, --jars) exactly as `kdq stream` does; every output is compared with ground truth computed here.

@@ -1,4 +1,4 @@
-"""The whole product on the cluster shape (issue 16): `kdq run --cluster --detach` in a data folder of its own,
+"""The whole product on the cluster shape: `kdq run --cluster --detach` in a data folder of its own,
 then what a user of it relies on, each checked against the real components:
 
 * the stream is an application of the standalone master (``activeapps``), started by the supervisor DAG

@@ -1,4 +1,4 @@
-"""Tables and checkpoints on object storage (issue 16): ``paths.storage_uri = s3a://...`` end to end.
+"""Tables and checkpoints on object storage: ``paths.storage_uri = s3a://...`` end to end.
 
 An S3-compatible server (moto's server mode, from PyPI) runs on a free loopback port for the module; kdq
 reaches it through S3A (hadoop-aws and the AWS SDK modules fetched by `make setup-s3`), configured the

@@ -1,4 +1,4 @@
-"""One driver per checkpoint (issue 23, item 2b) with the real broker, Spark and Delta: a second driver started
+"""One driver per checkpoint with the real broker, Spark and Delta: a second driver started
 while one runs on the same checkpoint refuses, naming the first; the supervisor reads that as "another driver
 owns it" (no start, no crash loop); the first keeps counting exactly; once it stops gracefully its lease is gone
 and the supervisor's start takes over at once. Ground truth comes from what the test produced."""

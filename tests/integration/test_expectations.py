@@ -1,4 +1,4 @@
-"""Issue 27: expectations on real Delta tables, incidents in ``kdq.incidents``, notifications by real SMTP and HTTP.
+"""Expectations on real Delta tables, incidents in ``kdq.incidents``, notifications by real SMTP and HTTP.
 
 Counts are committed with the stream's own writer (:func:`kdq.spark.writers.merge_window_increments`), the
 evaluation job runs in-process (``spark_jobs/evaluate_expectations.run``, its time pinned with ``--now``), and

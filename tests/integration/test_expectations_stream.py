@@ -1,4 +1,4 @@
-"""Issue 27 end to end on the real broker: records produced to Kafka, counted by the speed layer into Delta, judged
+"""Expectations end to end on the real broker: records produced to Kafka, counted by the speed layer into Delta, judged
 by the expectations run (``spark_jobs/evaluate_expectations.run``, its clock pinned with ``--now`` to the minutes the
 traffic covers), incidents in ``kdq.incidents`` and their notifications delivered to an SMTP server and an HTTP
 webhook receiver started here (tests/integration/test_expectations.py).

@@ -1,4 +1,4 @@
-"""Issue 25: the daily maintenance does work proportional to what changed, on real Delta tables.
+"""The daily maintenance does work proportional to what changed, on real Delta tables.
 
 Commits into two closed days and today's (the stream's MERGE, :func:`kdq.spark.writers.merge_window_increments`);
 a first run compacts exactly the two closed days; a second run with nothing changed compacts nothing and says

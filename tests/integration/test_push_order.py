@@ -1,4 +1,4 @@
-"""Ordered pushes with the real InfluxDB 1.x and Kafka (issue 23, item 3: late pushes overwrite newer values).
+"""Ordered pushes with the real InfluxDB 1.x and Kafka (a late push must not overwrite newer values).
 
 A batch push (the hourly ``push_corrections``, a rebuild's push, the catch-up) must never put an older
 absolute count over a newer one: InfluxDB keeps the last write of a point, so a push whose read is older

@@ -386,7 +386,7 @@ def test_quality_page_shows_the_delta_numbers(spark, local_stack, airflow_local,
         width, _ = struct.unpack(">II", data[16:24])
         assert width >= 800
 
-        # Live (issue 25): records produced while the page stays open appear without a reload: the page fetches
+        # Live: records produced while the page stays open appear without a reload: the page fetches
         # itself and swaps its body, so a marker set in this window survives, and its "As of" moves on.
         driver.execute_script("window.__kdq_still_open = true;")
         fresh_base = int(time.time() * 1000) // 1000 * 1000

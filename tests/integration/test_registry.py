@@ -1,4 +1,4 @@
-"""The local stack's Schema Registry (issue 28): the real Apicurio Registry, started by kdq.stack.registry, through
+"""The local stack's Schema Registry: the real Apicurio Registry, started by kdq.stack.registry, through
 Confluent's Python client on its Confluent-compatible API. Avro and Protobuf schemas registered under
 ``<topic>-value`` subjects (the topic-name strategy) keep their ids across a stop and start and across a SIGKILL
 (the storage is an H2 file under the data folder), and a stopped registry leaves no process or port behind."""

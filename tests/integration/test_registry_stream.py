@@ -1,4 +1,4 @@
-"""Registry-backed topics end to end (issue 28): Avro messages written with Confluent's serializer through the real
+"""Registry-backed topics end to end: Avro messages written with Confluent's serializer through the real
 Apicurio Registry, judged by the speed layer's JVM classifier against the schema each message's header names.
 Exact counts and reasons in Delta, on the metrics topic and in InfluxDB for valid messages and each invalid kind;
 a schema version registered while the stream runs is used without a restart; a registry stopped for a minute,

@@ -1,4 +1,4 @@
-"""Issue 13, item 8: archive retention and late data, end to end on the real broker, Spark, Delta and InfluxDB.
+"""Archive retention and late data, end to end on the real broker, Spark, Delta and InfluxDB.
 
 Scenario: a window is counted; the daily maintenance's retention deletes its raw rows (its hour is past
 retention); then records arrive for it too late for the stream. The hourly recompute must add them to the

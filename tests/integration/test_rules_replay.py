@@ -1,10 +1,10 @@
-"""A replay after a rule change counts what the batch's first attempt archived (issue 23, item 8).
+"""A replay after a rule change counts what the batch's first attempt archived.
 
 The stream is killed right after the raw archive append of a batch (its archived rows judged by the old
 rule, its window-count MERGE not done), the rule is changed, the stream restarts: the replayed batch's
 MERGE must count what its archived rows say (the old rule), and the batches after it the new rule.
 Before the ledger recorded the rules, the replay was re-classified with the new rule and window_counts
-disagreed with the archive. Since the archive append became a batch's first write (issue 24: the counts
+disagreed with the archive. Since the archive append became a batch's first write (the counts
 are an observed metric of that write), the replay reads its counts back from the archived rows.
 """
 

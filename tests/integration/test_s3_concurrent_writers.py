@@ -1,4 +1,4 @@
-"""Concurrent writers on S3 (issue 16): Spark drivers in separate processes committing to the same Delta tables on
+"""Concurrent writers on S3: Spark drivers in separate processes committing to the same Delta tables on
 s3a:// at the same time lose nothing, because Delta's DynamoDB log store (``paths.dynamodb_table``;
 io.delta.storage.S3DynamoDBLogStore) lets exactly one of them write each version of a table's log.
 

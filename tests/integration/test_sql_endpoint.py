@@ -236,7 +236,7 @@ def secured_endpoint(spark, spark_config: Config, spark_data_dir) -> Iterator[Se
 
 
 def test_both_protocols_require_the_password_and_jdbc_speaks_tls(secured_endpoint: SecuredEndpoint) -> None:
-    """Issue 26, the compose deployment's settings: JDBC clients log in as KDQ_SQL_USER (default kdq) with
+    """The compose deployment's settings: JDBC clients log in as KDQ_SQL_USER (default kdq) with
     KDQ_SQL_PASSWORD (io.kdq.spark.SqlPasswordAuthenticator) over TLS only; Spark Connect clients present the same
     password as their bearer token (Spark's PreSharedKeyAuthenticationInterceptor); nothing is answered to a wrong
     or missing password, or to a plaintext JDBC client."""
@@ -390,7 +390,7 @@ def _window_counts_state(spark) -> tuple[int, int]:
 
 
 def test_the_endpoint_is_read_only_over_jdbc_and_spark_connect(spark, secured_endpoint: SecuredEndpoint) -> None:
-    """Issue 26: every statement that writes, changes state or runs code is refused over both protocols with a
+    """Read-only: every statement that writes, changes state or runs code is refused over both protocols with a
     message naming it (io.kdq.spark.ReadOnlyExtension's check rule; Spark Connect's other requests by
     io.kdq.spark.ReadOnlyConnectInterceptor), and the tables are unchanged afterwards; reads keep working,
     including of a commit made after the endpoint started (Delta's log replay passes the rule). On the endpoint as

@@ -1,4 +1,4 @@
-"""Issue 13 against the real broker, Spark and Delta: a micro-batch that fails deterministically, and one
+"""Failing and hung micro-batches against the real broker, Spark and Delta: a micro-batch that fails deterministically, and one
 that hangs, as the stream supervisor's check (``ensure_stream_running``, the function the Airflow task runs)
 sees them. The stream is the real spark-submit process; test-only switches (KDQ_FAULT_FAIL_VALUE,
 KDQ_FAULT_HANG_SECONDS) reach it through the supervisor's ``extra_env``. Ground truth comes from what the

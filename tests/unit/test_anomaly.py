@@ -1,4 +1,4 @@
-"""The anomaly expectation's statistics (kdq.anomaly, issue 27) on a generated history with planted anomalies.
+"""The anomaly expectation's statistics (kdq.anomaly) on a generated history with planted anomalies.
 
 Four weeks of per-minute counts for three topics of very different volume (600, 20 and 0.4 records a minute),
 with a daily cycle, quieter weekends, overdispersed arrivals and a noisy invalid share; the last two weeks are

@@ -1,4 +1,4 @@
-"""Transient vs deterministic failures of a micro-batch (issue 23, item 7c): a transient one (the disk, the
+"""Transient vs deterministic failures of a micro-batch: a transient one (the disk, the
 network, an S3 or DynamoDB outage) is recorded but never blocks the stream; a deterministic one (the same
 batch fails the same way on every attempt) counts toward stream.max_batch_failures."""
 

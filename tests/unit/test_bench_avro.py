@@ -1,4 +1,4 @@
-"""The benchmark's Avro variant (issue 28, `--rule-variants avro`, make bench-avro): the orders as Avro in Confluent's
+"""The benchmark's Avro variant (`--rule-variants avro`, make bench-avro): the orders as Avro in Confluent's
 wire format and their ground truth, the plain consumer's Avro check, the rules folder and config the stream gets,
 and the comparison with the JSON orders rule in the report."""
 
@@ -183,7 +183,7 @@ def test_avro_is_a_rule_variant_of_make_bench() -> None:
     from benchmarks.__main__ import RULE_VARIANTS, parse_args
 
     default = parse_args([])
-    assert "avro" in default.rule_variants and default.name == "latest"  # make bench: issue 28's Avro variant
+    assert "avro" in default.rule_variants and default.name == "latest"  # make bench runs the Avro variant too
     args = parse_args(["--quick", "--rule-variants", "avro", "--name", "avro"])
     assert args.rule_variants == ["avro"] and args.name == "avro"
     assert RULE_VARIANTS["avro"][0] not in {v[0] for k, v in RULE_VARIANTS.items() if k != "avro"}  # its own topics

@@ -5,7 +5,7 @@ The speed layer, the hourly recompute, the rebuild and archive-from-Kafka all ca
 whole micro-batch, and a replay would fail the same way forever. Here generated
 adversarial values (random bytes, absurd event times, deep nesting, numbers beyond
 64 bits, lone surrogates, duplicate keys, a rule with a catastrophic regex) and
-the named poison records of the issue go through it, and every row must come
+the named poison records (POISON) go through it, and every row must come
 back with a verdict.
 """
 
@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from kdq.config import StreamConfig
 from kdq.rules import RuleSet, load_rules
+from kdq.spark.classifier import MAX_NESTING_DEPTH
 
 # Everything classify may answer; "schema:<pointer>" reasons are checked by prefix.
 KNOWN_REASONS = {"too_large", "null_value", "not_utf8", "not_json", "too_complex", "bad_timestamp", "future_timestamp"}
@@ -137,22 +138,67 @@ def bytes_verdict(value: bytes | None) -> str | None:
     return "not_json" if _lone_surrogate(parsed) else "json"
 
 
-def assert_every_record_has_a_verdict(records: list[tuple[str, bytes | None]], got: list) -> None:
+def _depth(value: object) -> int:
+    """Nesting depth of a decoded JSON value as the parser's limit counts it: a scalar 0, ``[1]`` 1, ``[[1]]`` 2."""
+    deepest, pending = 0, [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+UNDECIDED = object()  # what expected_reason answers where this oracle cannot tell
+
+
+def expected_reason(topic: str, value: bytes | None, kafka_ts: dt.datetime | None, ingest: dt.datetime) -> object:
+    """The one reason classify must give, by the precedence it documents (what is wrong with the bytes, then the
+    clock, then the rule), wherever this oracle can tell: the bytes' verdict (:func:`bytes_verdict`); a well-formed
+    text nested deeper than the parser's limit is ``too_complex``; a Kafka timestamp outside 1970..9999 (or none)
+    is ``bad_timestamp`` on every topic; on the topic without a rule the Kafka timestamp is the event time, so the
+    record is ``future_timestamp`` beyond the future margin and valid (None) otherwise. :data:`UNDECIDED` else (a
+    rule's event-time field or schema decides, or the bytes are beyond this oracle)."""
+    verdict = bytes_verdict(value)
+    if verdict in ("null_value", "not_utf8", "not_json"):
+        return verdict
+    if verdict != "json":
+        return UNDECIDED
+    if _depth(json.loads(value)) > MAX_NESTING_DEPTH:
+        return "too_complex"
+    if kafka_ts is None or not 0 <= kafka_ts.timestamp() * 1000 <= MAX_EVENT_MS:
+        return "bad_timestamp"
+    if topic != "plain":
+        return UNDECIDED
+    # ingest: as Spark hands back a timestamp, naive in this process's zone (which .timestamp() assumes).
+    ahead_seconds = kafka_ts.timestamp() - ingest.timestamp()
+    return "future_timestamp" if ahead_seconds > STREAM.future_margin_seconds else None
+
+
+def assert_every_record_has_a_verdict(
+    records: list[tuple[str, bytes | None]], got: list, kafka_ts: list[dt.datetime | None] | None = None
+) -> int:
+    """Every record once, with a verdict, and the expected reason wherever :func:`expected_reason` tells;
+    returns how many reasons were checked exactly."""
     assert len(got) == len(records), "every record comes back exactly once"
-    for (topic, value), row in zip(records, got, strict=True):
-        where = f"{topic} {value[:200] if value else value!r}"
+    exact = 0
+    stamps = kafka_ts or [KAFKA_TS] * len(records)
+    for (topic, value), stamp, row in zip(records, stamps, got, strict=True):
+        where = f"{topic} {value[:200] if value else value!r} kafka_ts={stamp}"
         assert row["valid"] in (True, False), where
         assert row["valid"] == (row["reason"] is None), where
         if row["reason"] is not None:
             assert row["reason"] in KNOWN_REASONS or row["reason"].startswith(RULE_REASON_PREFIXES), (where, row["reason"])
-        # Not only a known reason: the right one wherever the bytes alone decide it.
-        verdict = bytes_verdict(value)
-        if verdict in ("null_value", "not_utf8", "not_json"):
-            assert row["reason"] == verdict, (where, row["reason"], verdict)
-        elif verdict == "json":
+        # Not only a known reason: the right one wherever the oracle can tell.
+        expected = expected_reason(topic, value, stamp, row["ingest_time"])
+        if expected is not UNDECIDED:
+            assert row["reason"] == expected, (where, row["reason"], expected)
+            exact += 1
+        elif bytes_verdict(value) == "json":
             assert row["reason"] not in ("null_value", "not_utf8", "not_json"), (where, row["reason"])
         assert row["event_time"] is not None and row["window_start"] is not None and row["event_hour"], where
         assert 0 <= row["event_time"].timestamp() * 1000 <= MAX_EVENT_MS, where
+    return exact
 
 
 # -- generated values -------------------------------------------------------------------------------
@@ -230,8 +276,9 @@ _kafka_timestamps = st.one_of(
 @given(pairs=st.lists(st.tuples(_record(), _kafka_timestamps), min_size=1, max_size=30))
 def test_generated_kafka_timestamps_all_get_a_verdict(spark, ruleset: RuleSet, pairs) -> None:
     records = [record for record, _ in pairs]
-    got = classify_values(spark, ruleset, records, [stamp for _, stamp in pairs])
-    assert_every_record_has_a_verdict(records, got)
+    stamps = [stamp for _, stamp in pairs]
+    got = classify_values(spark, ruleset, records, stamps)
+    assert_every_record_has_a_verdict(records, got, stamps)
     for (_, stamp), row in zip(pairs, got, strict=True):
         if stamp is None or stamp.year < 1970:
             # Only what is wrong with the bytes outranks the clock.
@@ -265,6 +312,8 @@ POISON: list[tuple[str, bytes, str | None]] = [
     ("evt.iso", b'{"ts": "9999-12-31T23:59:59.999Z"}', "future_timestamp"),
     # structure
     ("plain", b"[" * 20_000 + b"]" * 20_000, "too_complex"),  # deeper than the parser's limit
+    ("plain", b"[" * MAX_NESTING_DEPTH + b"]" * MAX_NESTING_DEPTH, None),  # at the limit
+    ("plain", b"[" * (MAX_NESTING_DEPTH + 1) + b"]" * (MAX_NESTING_DEPTH + 1), "too_complex"),  # one past it
     ("schema", b'{"id":"a","n":' + b"9" * 40 + b"}", None),  # an integer beyond 64 bits, still >= 0
     ("schema", b'{"id":"a","n":-' + b"9" * 40 + b"}", "schema:/properties/n/minimum"),
     ("schema", b'{"id":"a","n":' + b"9" * 5_000 + b"}", "too_complex"),  # a number longer than the parser's limit

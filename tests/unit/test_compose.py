@@ -95,7 +95,7 @@ JOB_SETTINGS = ("KDQ_KAFKA__CLIENT", "KDQ_SPARK__CONF", "KDQ_INFLUXDB__TOKEN")
 # The SQL endpoint's login, held by the API server only (the data-quality page queries through it).
 PAGE_SETTINGS = ("KDQ_SQL_PASSWORD",)
 AIRFLOW_CORE_SECRETS = {"AIRFLOW_API_SECRET_KEY", "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET", "KDQ_POSTGRES_PASSWORD"}
-# Issue 26: the secrets each service may receive, and nothing more. Airflow's components hold Airflow's own; the
+# The secrets each service may receive, and nothing more. Airflow's components hold Airflow's own; the
 # scheduler also the ones kdq's jobs use (Kafka, the Spark cluster, InfluxDB, S3); the SQL endpoint only its login
 # and the storage credentials it reads the tables with.
 ALLOWED_SECRETS = {
@@ -637,7 +637,7 @@ def test_compose_kdq_settings_are_a_valid_kdq_config(compose: dict[str, Any]) ->
 
 
 def test_schema_registry_is_the_local_stacks_with_its_schemas_in_postgres(compose: dict[str, Any]) -> None:
-    """Issue 28: the registry `make run` starts (the version of jvm/schema-registry/pom.xml), its storage a database
+    """The Schema Registry `make run` starts (the version of jvm/schema-registry/pom.xml), its storage a database
     of its own on the deployment's PostgreSQL (created by registry-db-init, idempotently, before it starts), with the
     local stack's heap; healthy when its Confluent-compatible API answers."""
     services = compose["services"]
@@ -919,7 +919,7 @@ def test_spark_services_and_driver_authenticate(compose: dict[str, Any]) -> None
 
 
 def test_sql_endpoint_publishes_only_jdbc_with_a_password(compose: dict[str, Any]) -> None:
-    """Issue 15: the always-on endpoint runs the local stack's command in the foreground, as its own local
+    """The always-on SQL endpoint runs the local stack's command in the foreground, as its own local
     driver; only the Thrift (JDBC) port leaves the compose network, and it requires KDQ_SQL_PASSWORD."""
     service = compose["services"]["sql-endpoint"]
     command = " ".join(service["command"])
@@ -952,7 +952,7 @@ def test_core_caps_apply_to_their_own_application(tmp_path: Path) -> None:
 
 
 def test_each_service_receives_only_the_secrets_it_uses() -> None:
-    """Issue 26: per service, the secrets found anywhere in its resolved definition (environment, command, files
+    """Per service, the secrets found anywhere in its resolved definition (environment, command, files
     it is given), by value, against ALLOWED_SECRETS. The SQL endpoint answers queries from outside Airflow: a query
     that reads its environment (java_method('java.lang.System', 'getenv', ...)) must find no Airflow, Kafka,
     InfluxDB or Spark secret there."""

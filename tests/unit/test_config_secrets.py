@@ -1,4 +1,4 @@
-"""No secret in any configuration error (issue 26, item 6): errors land in task logs, so a malformed or refused
+"""No secret in any configuration error: errors land in task logs, so a malformed or refused
 setting is named with its problem, never with the value of a key Spark or Kafka treat as secret.
 
 Every error path of :func:`kdq.config.load_config` that can see a secret is fed one here: the environment

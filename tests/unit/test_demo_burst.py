@@ -1,4 +1,4 @@
-"""`kdq demo --burst N`: N invalid records now, to orders unless --topics says, then exit (issue 27: what opens
+"""`kdq demo --burst N`: N invalid records now, to orders unless --topics says, then exit (what opens
 an invalid_ratio incident from `make run`'s demo)."""
 
 from __future__ import annotations

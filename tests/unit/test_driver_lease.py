@@ -1,4 +1,4 @@
-"""One driver per checkpoint (issue 23, item 2b): the lease protocol of kdq.driver_lease on the local disk,
+"""One driver per checkpoint: the lease protocol of kdq.driver_lease on the local disk,
 with a fake clock and "drivers" on fake hosts racing each other."""
 
 from __future__ import annotations

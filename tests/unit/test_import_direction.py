@@ -1,4 +1,4 @@
-"""Every import inside the kdq package points one way: no cycle between its modules (issue 14).
+"""Every import inside the kdq package points one way: no cycle between its modules.
 
 Imports inside functions count: they hide a cycle from Python's import machinery, not from a reader.
 """

@@ -1,4 +1,4 @@
-"""The InfluxDB push state under concurrent writers (issue 23, item 3).
+"""The InfluxDB push state under concurrent writers.
 
 The stream records failed pushes while the batch jobs record theirs and the catch-up clears them, each
 in its own process: every read-modify-write of ``influx_push_state.json`` must hold a lock, and a catch-up

@@ -1,5 +1,5 @@
 """`benchmarks.local_run`'s pure logic: what counts as the page's numbers, the machine's CPU share, the phase
-figures from probes and progress records, and issue 25's targets as checks."""
+figures from probes and progress records, and the run's targets (``targets``) as checks."""
 
 from __future__ import annotations
 

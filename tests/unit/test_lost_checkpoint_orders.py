@@ -1,4 +1,4 @@
-"""Lost and restored checkpoints against the tables' txn versions (issue 23 item 5).
+"""Lost and restored checkpoints against the tables' txn versions.
 
 The stream's archive append runs on a writer thread beside its window-count MERGE, so when the stream dies
 either may have landed alone. The stream's writes are played here with its own writers (archive append and

@@ -1,4 +1,4 @@
-"""Issue 25: the daily maintenance does work proportional to what changed. The plan (pure) from what the Delta
+"""The daily maintenance does work proportional to what changed. The plan (pure) from what the Delta
 log says of each table (:class:`kdq.spark.maintenance.TableState`): OPTIMIZE names exactly the closed partitions
 with files added since their compaction, nothing when there are none; retention only with archive partitions
 before its cutoff; VACUUM LITE unless the table's last data commit was vacuumed at least the retention later,

@@ -283,7 +283,7 @@ def test_chart_has_one_bar_group_per_bucket_and_a_ratio_line() -> None:
 
 
 def test_the_ratio_line_breaks_at_minutes_without_records() -> None:
-    """Issue 25: a minute with no records has no invalid ratio; a line drawn across empty minutes showed one (from
+    """A minute with no records has no invalid ratio; a line drawn across empty minutes showed one (from
     the last minute with data to the next). Runs of counted minutes get a line each, a lone minute a dot."""
     page = PageRange(NOW)
     minute = NOW // MINUTE_MS * MINUTE_MS

@@ -1,4 +1,4 @@
-"""Issue 13 in classify: records marked quarantined skip the classifier and are invalid with reason
+"""Quarantine in classify: records marked quarantined skip the classifier and are invalid with reason
 internal_error:quarantined at their Kafka timestamp; the test-only poison switch fails any job over an
 unquarantined poisoned record and leaves quarantined ones alone."""
 

@@ -1,4 +1,4 @@
-"""The hourly recompute and its reconcile count the same rows (issue 23 item 10).
+"""The hourly recompute and its reconcile count the same rows.
 
 Under `make run` the hourly run for [00:00, 01:00) failed its reconcile on correct data: a window had 14
 rows counted by the stream and late rows ingested at 00:59:32 and 01:00:37. The recompute (running at

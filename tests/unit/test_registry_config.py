@@ -1,4 +1,4 @@
-"""[registry]: the Schema Registry kdq reads schemas from (issue 28). Checked at start, each error naming its key and
+"""[registry]: the Schema Registry kdq reads schemas from. Checked at start, each error naming its key and
 never a secret; the local stack's registry is the default; the client settings are what Confluent's client takes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The classifier takes a stored document as well as a RuleSet; the checkpoint keeps documents by hash (issue 23, item 8)."""
+"""The classifier takes a stored document as well as a RuleSet; the checkpoint keeps documents by hash."""
 
 from __future__ import annotations
 

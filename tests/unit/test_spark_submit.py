@@ -103,7 +103,7 @@ BATCH_PREFIX = ["chrt", "--idle", "0", "nice", "-n", "10"]
 
 
 def test_the_maintenance_stays_in_the_background(tmp_path: Path) -> None:
-    """Issue 25: the daily maintenance never takes the cores the stream and the SQL endpoint need: one core
+    """The daily maintenance never takes the cores the stream and the SQL endpoint need: one core
     (local[1] for a local master, spark.cores.max=1 on a cluster) and its spark-submit under nice; the other
     batch jobs run under nice with every core; the stream and the SQL endpoint at their parent's priority. On
     Linux every batch job is also in the SCHED_IDLE class (chrt --idle 0)."""

@@ -1,4 +1,4 @@
-"""Whether the stream has finished every micro-batch ingested before an instant (issue 23 item 4).
+"""Whether the stream has finished every micro-batch ingested before an instant.
 
 The hourly recompute and the archive retention wait for it. A micro-batch that started before the hour's
 end and is still classifying has no ledger entry yet: judged by the latest ledger entry alone, the stream

@@ -1,5 +1,5 @@
 """The stream's process marker (how `running()`, the supervisor and `kdq down` recognise the detached stream)
-comes from the same settings as its spark-submit command line (issue 23, item 2a)."""
+comes from the same settings as its spark-submit command line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 23, item 8: window_counts records its window size; a configuration with another size is refused at start."""
+"""window_counts records its window size; a configuration with another size is refused at start."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def test_archive_append_is_idempotent_and_checks_columns(spark, tmp_path) -> Non
 
 
 def test_tables_work_under_a_data_dir_with_quotes_and_spaces(spark, tmp_path) -> None:
-    """No path reaches SQL text (issue 13, item 9): creating, registering and querying by name work
+    """No path reaches SQL text: creating, registering and querying by name work
     wherever the data directory is; the one character Delta cannot take (a backtick) fails at start."""
     from kdq.config import ConfigError
     from kdq.spark.tables import register_tables

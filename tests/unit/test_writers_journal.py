@@ -1,4 +1,4 @@
-"""The writers journal (issue 23): which batch jobs wrote beside the stream in the last day, and their waits."""
+"""The writers journal: which batch jobs wrote beside the stream in the last day, and their waits."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The expectations' evaluation run on Spark (issue 27): read counts and incidents, decide (kdq.expectation_run),
+"""The expectations' evaluation run on Spark: read counts and incidents, decide (kdq.expectation_run),
 write the changed rows, deliver the notifications (kdq.notify).
 
 Reads: ``window_counts`` at one Delta version (its version is the run's ``as_of``: the newest counts win, and a

@@ -9,7 +9,7 @@ time this runs (a stream or summary lateness over a day moves the boundary back 
 Unpartitioned tables are only vacuumed. The stream trims its own ledger and progress files and Spark
 cleans its checkpoint metadata (``spark.sql.streaming.minBatchesToRetain``), so neither is done here.
 
-**Work proportional to what changed** (issue 25). Before planning, the run reads each table's current
+**Work proportional to what changed**. Before planning, the run reads each table's current
 snapshot from its Delta log (:func:`table_state`: the file list of the last checkpoint plus the commits
 after it, what every read of the table loads anyway; no directory listing, no data file read) and its
 last commits (``DeltaTable.history(32)``), and :func:`maintenance_plan` (pure) decides from that:

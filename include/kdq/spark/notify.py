@@ -1,4 +1,4 @@
-"""The notifier's Delta side (issue 27): which outbox rows each channel still owes, and recording deliveries.
+"""The notifier's Delta side: which outbox rows each channel still owes, and recording deliveries.
 
 The outbox is ``kdq.incident_notifications`` (one row per notification id, written by the evaluation run);
 ``kdq.incident_deliveries`` holds one row per (notification id, channel) delivered. What is due for a channel is

@@ -145,7 +145,7 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         conf["spark.jars"] = ",".join(str(p) for p in connector_jars(config))
         # FileContext on file: (every Delta commit, every streaming checkpoint file) through kdq's process-free
         # local file system: Hadoop's forks chmod and readlink per file without its native library, ~50 ms a
-        # rename on two busy cores (io.kdq.spark.NioLocalFileSystem; benchmarks/PERF_NOTES.md, issue 24). Only
+        # rename on two busy cores (io.kdq.spark.NioLocalFileSystem; benchmarks/PERF_NOTES.md, "the small batch's latency"). Only
         # where kdq's jar is on the class path, i.e. here.
         conf["spark.hadoop.fs.AbstractFileSystem.file.impl"] = "io.kdq.spark.NioLocalFileSystem$Fs"
         # Python workers (the summaries' driver-side helpers, any pandas UDF) must
@@ -214,7 +214,8 @@ def build_session(
 
 # Spark's code generation pays for itself on a pass over many rows. On a query over a few hundred (the stream's
 # per-batch MERGE, read-back and reason append) generating and compiling the code is most of the query's cost,
-# and the literals that change every batch defeat the compile cache (benchmarks/PERF_NOTES.md, issue 24).
+# and the literals that change every batch defeat the compile cache (benchmarks/PERF_NOTES.md,
+# "the per-batch queries interpreted").
 SMALL_QUERY_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 

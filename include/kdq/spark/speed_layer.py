@@ -97,7 +97,7 @@ class FaultInjector:
     point: str | None = None
     batch_id: int | None = None
     marker: Path | None = None
-    # Issue 13 switches: KDQ_FAULT_FAIL_VALUE fails every batch holding a record whose value contains it
+    # Fault switches for the tests of failing and hung batches: KDQ_FAULT_FAIL_VALUE fails every batch holding a record whose value contains it
     # (a deterministic bug; quarantined records are exempt, as they skip classification);
     # KDQ_FAULT_HANG_SECONDS sleeps at the start of batch KDQ_FAULT_BATCH or later (once per marker).
     fail_value: str | None = None
@@ -208,7 +208,8 @@ class SpeedLayer:
         checkpoint: storage.Location | None = None,
     ) -> None:
         self.spark = spark
-        # The per-batch MERGE, read-back and reason append run over a few hundred rows: interpreted (issue 24).
+        # The per-batch MERGE, read-back and reason append run over a few hundred rows: interpreted
+        # (benchmarks/PERF_NOTES.md, "the per-batch queries interpreted").
         self.small = small_query_session(spark)
         self.config = config
         self.rules = rules
@@ -262,10 +263,10 @@ class SpeedLayer:
     # -- one micro-batch -----------------------------------------------------------
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         before_started = time.monotonic()
-        batch = self._before_batch(batch, batch_id)  # issue 13: progress for the supervisor, quarantine, test faults
+        batch = self._before_batch(batch, batch_id)  # progress for the supervisor, quarantine, test faults
         started = time.monotonic()
         # "before": the batch's bookkeeping ahead of its work; mostly the archive's Delta snapshot update (the txn
-        # check), which the archive append would otherwise pay (benchmarks/PERF_NOTES.md, issue 24, fourth pass).
+        # check), which the archive append would otherwise pay (benchmarks/PERF_NOTES.md, "the small batch's latency").
         timings: dict[str, int] = {"before": int((started - before_started) * 1000)}
 
         def lap(name: str, since: list[float] = [started]) -> None:  # noqa: B006 - a per-call stopwatch
@@ -403,7 +404,7 @@ class SpeedLayer:
     ) -> tuple[list[dict], DataFrame]:
         """Append the batch's classified records to the raw archive and return its aggregate rows
         (:func:`kdq.spark.transforms.batch_aggregates`), computed in the same pass as an observed metric of the
-        write: each 1 KB value is read from Kafka, classified and written once, never cached (issue 24).
+        write: each 1 KB value is read from Kafka, classified and written once, never cached (benchmarks/PERF_NOTES.md, "one pass per micro-batch").
 
         The observation is merged once per result task (as an action's accumulators are), and the write is
         one result stage: no exchange between the observed rows and the files. Returns the classified frame
@@ -477,7 +478,7 @@ class SpeedLayer:
         )
         return ClassifierDocument(text)
 
-    # -- issue 13: batch progress, quarantined offsets, test faults (kept out of process_batch's steps) --------
+    # -- batch progress, quarantined offsets, test faults (kept out of process_batch's steps) --------
     def _before_batch(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """First thing of every micro-batch: record its start (the supervisor's hung-batch check), decide
         which quarantined ranges apply, and mark their records so classify skips the classifier for them."""
@@ -675,7 +676,7 @@ class ProgressRecorder(StreamingQueryListener):
                 out.write(json.dumps(record, default=str) + "\n")
             stream_state.atomic_write_json(self.dir / stream_state.PROGRESS, record)
         self.heartbeat("running", {"last_batch_id": progress.batchId})
-        batch_failures.batch_finished(self.layer.config, progress.batchId)  # issue 13: done; clears its failure
+        batch_failures.batch_finished(self.layer.config, progress.batchId)  # done; clears its failure
         self._trim()
 
     def _trim(self) -> None:

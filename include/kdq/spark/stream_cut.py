@@ -4,7 +4,7 @@ The stream adds per-window *increments* (a MERGE per micro-batch, guarded by its
 the batch id) and appends the batch's records to the raw archive and its reasons to ``invalid_reasons``
 beside it, as separate commits. A job that sets *absolute* counts from the archive (a rebuild, the hourly
 recompute) while the stream runs must count exactly the records the stored counts already hold. Two races
-break that (issue 23 item 1, 820 records lost under ``make run``):
+break that (they once lost 820 records under ``make run``):
 
 * a micro-batch whose archive rows the job counts but whose MERGE lands after the job's write adds its
   increments on top of an absolute count that already had them: counted twice;

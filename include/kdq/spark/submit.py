@@ -52,7 +52,7 @@ def package_zip(config: Config) -> Path:
     return target
 
 
-# Jobs that must stay in the background (issue 25): the daily maintenance runs beside the stream and the SQL
+# Jobs that must stay in the background: the daily maintenance runs beside the stream and the SQL
 # endpoint and may take its time, so it gets one core (spark.cores.max on a cluster, local[1] on this machine).
 BACKGROUND_JOBS = {"maintenance": 1}  # job -> its cores
 # The two long-running applications; every other job (the batch layer's recompute, push, reconcile and catch-up, a
@@ -151,7 +151,7 @@ MARKER_KEY = "spark.sql.warehouse.dir"
 def process_marker(config: Config, job: str) -> str:
     """A fragment of ``job``'s spark-submit command line (:func:`submit_command`) by which a process is recognised
     as that job of this deployment (``kdq.stream_process``): built from the same settings as the command line, so
-    the two cannot disagree (with ``paths.storage_uri`` they once did: issue 23, item 2)."""
+    the two cannot disagree (with ``paths.storage_uri`` they once did, and a second driver went unseen)."""
     try:
         value = submission_conf(config, job)[MARKER_KEY]
     except ConfigError:  # no submission possible now (e.g. jars missing): `kdq status` must still answer

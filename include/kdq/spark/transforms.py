@@ -25,7 +25,7 @@ INVALID = "invalid"
 BAD_TIMESTAMP = "bad_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
 SCHEMA_PREFIX = "schema:"
-# Records of an operator's quarantined offset ranges (kdq.batch_failures, issue 13): the speed layer marks
+# Records of an operator's quarantined offset ranges (kdq.batch_failures): the speed layer marks
 # them with this column; classify never runs the classifier on them and counts them invalid with this reason.
 QUARANTINED_COLUMN = "__kdq_quarantined"
 QUARANTINED = "internal_error:quarantined"

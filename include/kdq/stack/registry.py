@@ -1,4 +1,4 @@
-"""The local stack's Schema Registry (issue 28): Apicurio Registry 3, the Quarkus application `make setup` unpacks
+"""The local stack's Schema Registry: Apicurio Registry 3, the Quarkus application `make setup` unpacks
 from Maven Central (jvm/schema-registry/pom.xml) into ``<jars_dir>/schema-registry``, as a managed process.
 
 Clients use its Confluent-compatible API (``/apis/ccompat/v7``), the one every registry kdq may be pointed at

@@ -85,7 +85,7 @@ def summary_fields(
 
     One streaming pass over the value's bytes in the JVM (``io.kdq.spark.SummaryValues``, in the
     classifier's module) instead of Spark's VARIANT parse and a SQL bucket expression per summary
-    (benchmarks/PERF_NOTES.md, "Issue 12, fifth pass"). When ``rules`` have registry-backed topics,
+    (benchmarks/PERF_NOTES.md, "the summaries' fields in the JVM"). When ``rules`` have registry-backed topics,
     ``io.kdq.spark.RegistrySummaryValues``: those topics' values are read from the record the registry's
     schema decodes (Avro, Protobuf, JSON Schema), the others as JSON.
     """
