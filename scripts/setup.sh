@@ -132,8 +132,8 @@ if ! stamp_ok schema-registry "$reg_hash" || ! compgen -G "$reg_out/apicurio-reg
 fi
 
 # --- kdq's own Spark functions (jvm/kdq-spark-functions): one shaded jar ---------------
-# The JSON Schema classifier UDF (io.kdq.spark.Classifier) and the SQL endpoint's read-only rule
-# (io.kdq.spark.ReadOnlyExtension). `package` runs the module's JUnit tests (reasons, event time, the
+# The JSON Schema classifier UDF (io.kdq.spark.classify.Classifier) and the SQL endpoint's read-only rule
+# (io.kdq.spark.sqlendpoint.ReadOnlyExtension). `package` runs the module's JUnit tests (reasons, event time, the
 # JSON-Schema-Test-Suite; the read-only rule on a local SparkSession with Delta, on pyspark's own jars and the
 # connector jars fetched above), so `make test` runs them too.
 kdq_fn_dir=jvm/kdq-spark-functions
