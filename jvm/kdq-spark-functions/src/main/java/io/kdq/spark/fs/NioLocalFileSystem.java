@@ -26,8 +26,8 @@ import org.apache.hadoop.fs.permission.FsPermission;
  * every file it creates and {@code readlink} for every link-status check, which {@code FileContext.rename}
  * makes twice per rename: every Delta commit, every Structured Streaming checkpoint file, every data file and
  * its checksum. A profiled micro-batch forked 16 processes a second; a create costs ~15 ms and a rename ~50 ms
- * on a loaded two-core machine (benchmarks/PERF_NOTES.md, issue 24). Here both go through java.nio; everything
- * else, symbolic links included, is Hadoop's own code.
+ * on a loaded two-core machine (benchmarks/PERF_NOTES.md, the measurements of a small micro-batch's latency).
+ * Here both go through java.nio; everything else, symbolic links included, is Hadoop's own code.
  *
  * <p>Installed by {@code fs.file.impl} = {@link NioLocalFileSystem} (FileSystem API, checksummed as Hadoop's
  * {@link LocalFileSystem}) and {@code fs.AbstractFileSystem.file.impl} = {@link NioLocalFileSystem.Fs}

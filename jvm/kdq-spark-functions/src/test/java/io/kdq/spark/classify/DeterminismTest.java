@@ -18,7 +18,7 @@ import org.junit.jupiter.api.Test;
 import tools.jackson.databind.node.ObjectNode;
 
 /**
- * Issue 23, item 8: a verdict is a function of the record and the rules only. Not of the stack the
+ * A verdict is a function of the record and the rules only. Not of the stack the
  * calling thread happens to have (a replay on another executor, or the same one after the JIT
  * compiled other frames, must judge the same), and never of the JVM's health: an Error
  * (StackOverflowError, OutOfMemoryError) propagates instead of becoming {@code internal_error}.
