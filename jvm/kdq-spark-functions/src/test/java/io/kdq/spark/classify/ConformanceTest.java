@@ -10,9 +10,12 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
+import java.util.TreeSet;
 import java.util.stream.Stream;
 
 import org.junit.jupiter.api.BeforeAll;
@@ -161,17 +164,36 @@ class ConformanceTest {
         assertTrue(o.total > 500, "suite not found or truncated");
         // networknt's format checks are not complete (IDN hostname rules, some URI and duration details,
         // ECMA-262-only regex syntax): exactly these cases fail, each with the verdict it gets. A new failure,
-        // a case failing differently, or a known one now passing (then remove it from the file) fails the test.
-        List<String> known = Files.readAllLines(Path.of("src", "test", "resources", KNOWN_FORMAT_FAILURES)).stream()
-                .filter(line -> !line.isBlank()).toList();
-        List<String> added = o.failures.stream().filter(f -> !known.contains(f)).toList();
-        List<String> gone = known.stream().filter(f -> !o.failures.contains(f)).toList();
+        // a case failing differently, or a known one now passing (then remove its line) fails the test.
+        Map<String, String> known = knownFormatFailures();
+        Set<String> failing = new TreeSet<>(o.failures);
+        assertEquals(o.failures.size(), failing.size(), "a case counted twice");
+        List<String> added = failing.stream().filter(f -> !known.containsKey(f)).toList();
+        List<String> gone = known.keySet().stream().filter(f -> !failing.contains(f)).toList();
         assertTrue(added.isEmpty() && gone.isEmpty(), "optional/format failures differ from src/test/resources/"
                 + KNOWN_FORMAT_FAILURES + " (this run's list: target/optional-format-failures.txt); failing now: "
                 + added + "; no longer failing: " + gone);
         assertEquals(o.total - known.size(), o.passed);
     }
 
-    /** The optional/format cases that fail with networknt 3.0.9 at the vendored suite commit, one per line. */
+    /**
+     * The optional/format cases that fail with networknt 3.0.9 at the vendored suite commit: one per line, the case
+     * and its verdict as {@link #run} reports a failure, then {@code " :: "} and the reason; # starts a comment line.
+     */
     static final String KNOWN_FORMAT_FAILURES = "optional-format-known-failures.txt";
+
+    /** The known failures (case and verdict → reason); a line without a reason, or twice, is an error. */
+    static Map<String, String> knownFormatFailures() throws IOException {
+        Map<String, String> known = new LinkedHashMap<>();
+        for (String line : Files.readAllLines(Path.of("src", "test", "resources", KNOWN_FORMAT_FAILURES))) {
+            if (line.isBlank() || line.startsWith("#")) {
+                continue;
+            }
+            int at = line.lastIndexOf(" :: ");
+            assertTrue(at > 0 && !line.substring(at + 4).isBlank(), KNOWN_FORMAT_FAILURES + ": no reason: " + line);
+            String previous = known.put(line.substring(0, at), line.substring(at + 4).strip());
+            assertTrue(previous == null, KNOWN_FORMAT_FAILURES + ": listed twice: " + line);
+        }
+        return known;
+    }
 }
