@@ -18,6 +18,8 @@
 # JSON-Schema-Test-Suite) run in `make setup` and CI; not compiled or run here.
 FROM maven:3.9-eclipse-temurin-17 AS jars
 WORKDIR /build
+# The modules' parent (shared versions and plugin versions), found on disk by each module below.
+COPY jvm/pom.xml jvm/pom.xml
 COPY jvm/spark-connectors/pom.xml jvm/spark-connectors/pom.xml
 RUN mvn -q -B -f jvm/spark-connectors/pom.xml dependency:copy-dependencies \
         -DexcludeTransitive=true -DoutputDirectory=/opt/kdq/jars/spark

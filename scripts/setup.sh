@@ -9,8 +9,8 @@
 #     .cache/jars/schema-registry/; kdq's own jvm/kdq-spark-functions built (with its tests) into
 #     .cache/jars/kdq/kdq-spark-functions.jar; the benchmark's Kafka Streams baseline (jvm/kstreams-baseline)
 #     built with its dependencies into .cache/jars/kstreams-baseline/.
-# Each step is skipped when its inputs have not changed (stamp files in .cache/), so a
-# re-run takes a second or two.
+# Each step is skipped when its inputs have not changed (stamp files in .cache/; every Maven step's inputs
+# include jvm/pom.xml, the modules' parent), so a re-run takes a second or two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -22,6 +22,9 @@ die() { printf '\033[31m[setup] %s\033[0m\n' "$*" >&2; exit 1; }
 stamp_ok() { [ -f "$CACHE/stamps/$1" ] && [ "$(cat "$CACHE/stamps/$1")" = "$2" ]; }
 stamp_set() { echo "$2" > "$CACHE/stamps/$1"; }
 hash_of() { cat "$@" | sha256sum | cut -c1-16; }
+# The inputs of a Maven module: the parent pom (jvm/pom.xml: shared versions and plugins) and the module's pom and
+# sources; the first argument is the module's folder.
+module_hash() { (cat jvm/pom.xml; cd "$1" && find pom.xml src -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16; }
 
 # --- Debian packages -------------------------------------------------------------
 need_pkgs=()
@@ -68,7 +71,7 @@ fi
 # --- JVM jars from Maven Central ---------------------------------------------------
 fetch_jars() {  # name pom-dir extra-mvn-args...
   local name=$1 pom=$2; shift 2
-  local h; h=$(hash_of "$pom/pom.xml")
+  local h; h=$(hash_of jvm/pom.xml "$pom/pom.xml")
   if ! stamp_ok "jars-$name" "$h"; then
     say "fetching $name jars with Maven"
     rm -rf "$CACHE/jars/$name"
@@ -92,7 +95,7 @@ if [ "${KDQ_SETUP_S3:-0}" = 1 ]; then
     -DexcludeGroupIds=io.netty,org.slf4j,commons-logging,commons-codec,org.apache.httpcomponents,com.fasterxml.jackson.core,joda-time
   ddb_dir=jvm/hadoop-aws/kdq-dynamodb
   ddb_jar=$CACHE/jars/hadoop-aws/kdq-dynamodb.jar
-  ddb_hash=$(cd "$ddb_dir" && find pom.xml src -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+  ddb_hash=$(module_hash "$ddb_dir")
   if ! stamp_ok kdq-dynamodb "$ddb_hash" || [ ! -f "$ddb_jar" ]; then
     say "building $ddb_dir with Maven (its tests included)"
     mvn -q -B -f "$ddb_dir/pom.xml" package || die "Maven could not build $ddb_dir (compile or test failure, see the output above)"
@@ -110,7 +113,7 @@ fi
 # fetch leaves no half folder that would look ready.
 reg_dir=jvm/schema-registry
 reg_out=$CACHE/jars/schema-registry
-reg_hash=$(hash_of "$reg_dir/pom.xml")
+reg_hash=$(hash_of jvm/pom.xml "$reg_dir/pom.xml")
 if ! stamp_ok schema-registry "$reg_hash" || ! compgen -G "$reg_out/apicurio-registry-app-*-runner.jar" >/dev/null; then
   say "fetching the Schema Registry (Apicurio Registry, 104 MB) with Maven"
   rm -rf "$reg_out.tmp" && mkdir -p "$reg_out.tmp"
@@ -129,13 +132,13 @@ if ! stamp_ok schema-registry "$reg_hash" || ! compgen -G "$reg_out/apicurio-reg
 fi
 
 # --- kdq's own Spark functions (jvm/kdq-spark-functions): one shaded jar ---------------
-# The JSON Schema classifier UDF (io.kdq.spark.Classifier) and the SQL endpoint's read-only rule
-# (io.kdq.spark.ReadOnlyExtension). `package` runs the module's JUnit tests (reasons, event time, the
+# The JSON Schema classifier UDF (io.kdq.spark.classify.Classifier) and the SQL endpoint's read-only rule
+# (io.kdq.spark.sqlendpoint.ReadOnlyExtension). `package` runs the module's JUnit tests (reasons, event time, the
 # JSON-Schema-Test-Suite; the read-only rule on a local SparkSession with Delta, on pyspark's own jars and the
 # connector jars fetched above), so `make test` runs them too.
 kdq_fn_dir=jvm/kdq-spark-functions
 kdq_fn_jar=$CACHE/jars/kdq/kdq-spark-functions.jar
-kdq_fn_hash=$(cd "$kdq_fn_dir" && find pom.xml src -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+kdq_fn_hash=$(module_hash "$kdq_fn_dir")
 if ! stamp_ok kdq-spark-functions "$kdq_fn_hash" || [ ! -f "$kdq_fn_jar" ]; then
   say "building $kdq_fn_dir with Maven (its tests included; about two minutes)"
   pyspark_jars=$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))') \
@@ -154,7 +157,7 @@ fi
 # .cache/jars/kstreams-baseline/, run as `java -cp '.cache/jars/kstreams-baseline/*'`. No tests: a few seconds.
 ksb_dir=jvm/kstreams-baseline
 ksb_out=$CACHE/jars/kstreams-baseline
-ksb_hash=$(cd "$ksb_dir" && find pom.xml src -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+ksb_hash=$(module_hash "$ksb_dir")
 if ! stamp_ok kstreams-baseline "$ksb_hash" || [ ! -f "$ksb_out/kstreams-baseline.jar" ]; then
   say "building $ksb_dir with Maven"
   rm -rf "$ksb_out.tmp"

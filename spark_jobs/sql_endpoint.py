@@ -35,7 +35,7 @@ APP_NAME = "kdq-sql-endpoint"
 
 
 def session_conf(config: Config) -> dict[str, str]:
-    """The endpoint's own session settings over kdq's: the read-only rule (``io.kdq.spark.ReadOnlyExtension``)
+    """The endpoint's own session settings over kdq's: the read-only rule (``io.kdq.spark.sqlendpoint.ReadOnlyExtension``)
     after Delta's extension, and Spark Connect's read-only interceptor; the same as on the spark-submit command of
     kdq.stack.sql_endpoint, whose ``spark.sql.extensions`` the session factory's own would otherwise replace."""
     from kdq.spark.session import spark_conf

@@ -237,7 +237,7 @@ def secured_endpoint(spark, spark_config: Config, spark_data_dir) -> Iterator[Se
 
 def test_both_protocols_require_the_password_and_jdbc_speaks_tls(secured_endpoint: SecuredEndpoint) -> None:
     """The compose deployment's settings: JDBC clients log in as KDQ_SQL_USER (default kdq) with
-    KDQ_SQL_PASSWORD (io.kdq.spark.SqlPasswordAuthenticator) over TLS only; Spark Connect clients present the same
+    KDQ_SQL_PASSWORD (io.kdq.spark.sqlendpoint.SqlPasswordAuthenticator) over TLS only; Spark Connect clients present the same
     password as their bearer token (Spark's PreSharedKeyAuthenticationInterceptor); nothing is answered to a wrong
     or missing password, or to a plaintext JDBC client."""
     secured, password = secured_endpoint, secured_endpoint.password
@@ -391,8 +391,8 @@ def _window_counts_state(spark) -> tuple[int, int]:
 
 def test_the_endpoint_is_read_only_over_jdbc_and_spark_connect(spark, secured_endpoint: SecuredEndpoint) -> None:
     """Read-only: every statement that writes, changes state or runs code is refused over both protocols with a
-    message naming it (io.kdq.spark.ReadOnlyExtension's check rule; Spark Connect's other requests by
-    io.kdq.spark.ReadOnlyConnectInterceptor), and the tables are unchanged afterwards; reads keep working,
+    message naming it (io.kdq.spark.sqlendpoint.ReadOnlyExtension's check rule; Spark Connect's other requests by
+    io.kdq.spark.sqlendpoint.ReadOnlyConnectInterceptor), and the tables are unchanged afterwards; reads keep working,
     including of a commit made after the endpoint started (Delta's log replay passes the rule). On the endpoint as
     the compose deployment runs it, logged in with the right password (JDBC over TLS)."""
     from kdq.spark.writers import merge_window_increments

@@ -1,4 +1,4 @@
-"""The micro-batch's counts as an observed metric of the archive write (io.kdq.spark.BatchCounts) equal the
+"""The micro-batch's counts as an observed metric of the archive write (io.kdq.spark.counts.BatchCounts) equal the
 GROUP BY the batch layer uses (transforms.batch_aggregates), row for row, on a batch with every kind of
 record: valid, invalid with several reasons, late, bad and future clocks, quarantined, several topics and
 windows. And the observation is filled by the Delta write that carries it, once."""

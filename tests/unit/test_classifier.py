@@ -1,4 +1,4 @@
-"""The JVM record classifier (io.kdq.spark.Classifier through kdq.spark.classifier) gives the documented reasons.
+"""The JVM record classifier (io.kdq.spark.classify.Classifier through kdq.spark.classifier) gives the documented reasons.
 
 All cases run in one DataFrame: one row per (topic, value), each topic's rule
 exercising one keyword, through the same Spark function both layers use. The

@@ -421,6 +421,8 @@ def test_the_image_builds_kdqs_jars() -> None:
     assert hadoop_aws, f"the image builds no S3A connector (jvm/hadoop-aws): {runs}"
     assert "-DoutputDirectory=/opt/kdq/jars/hadoop-aws" in hadoop_aws
     assert "COPY jvm/hadoop-aws/pom.xml jvm/hadoop-aws/pom.xml" in builder
+    # Every module's parent (jvm/pom.xml), on disk before the first mvn reads a module.
+    assert builder.index("COPY jvm/pom.xml jvm/pom.xml") < builder.index("RUN mvn")
     assert re.search(r"^COPY --from=jars /opt/kdq/jars /opt/kdq/jars$", text, re.MULTILINE)
     assert re.search(r"^ENV KDQ_PATHS__JARS_DIR=/opt/kdq/jars$", text, re.MULTILINE)
     setup = (PROJECT_ROOT / "scripts" / "setup.sh").read_text()

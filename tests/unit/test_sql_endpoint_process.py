@@ -25,9 +25,9 @@ def test_command_binds_loopback_on_the_recorded_ports(tmp_path) -> None:
     assert confs["spark.hadoop.hive.server2.thrift.port"] == str(endpoint.thrift_port)
     # kdq's own session conf (Delta) reaches the endpoint's session, followed by the read-only rule (once on the
     # command line), and Spark Connect gets the read-only interceptor.
-    assert confs["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension,io.kdq.spark.ReadOnlyExtension"
+    assert confs["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension,io.kdq.spark.sqlendpoint.ReadOnlyExtension"
     assert sum(part.startswith("spark.sql.extensions=") for part in command) == 1
-    assert confs["spark.connect.grpc.interceptor.classes"] == "io.kdq.spark.ReadOnlyConnectInterceptor"
+    assert confs["spark.connect.grpc.interceptor.classes"] == "io.kdq.spark.sqlendpoint.ReadOnlyConnectInterceptor"
     assert any(endpoint.process.marker in part for part in command)
     # Delta's classes on the driver class path as well (the Thrift server's threads need them).
     assert "delta-spark" in command[command.index("--driver-class-path") + 1]
@@ -51,7 +51,7 @@ def test_password_turns_on_the_thrift_servers_custom_authentication(tmp_path, mo
     assert confs["spark.hadoop.hive.server2.authentication"] == "CUSTOM"
     # Hive reads the provider class from a JVM system property, appended to the session's own Java options.
     options = confs["spark.driver.extraJavaOptions"]
-    assert "-Dhive.server2.custom.authentication.class=io.kdq.spark.SqlPasswordAuthenticator" in options
+    assert "-Dhive.server2.custom.authentication.class=io.kdq.spark.sqlendpoint.SqlPasswordAuthenticator" in options
     assert "-XX:+UseParallelGC" in options
     assert "s3cret" not in " ".join(command)  # the secret stays in the environment, off the command line
 
@@ -61,11 +61,11 @@ def test_read_only_conf_keeps_the_configured_extensions_and_interceptors() -> No
 
     conf = read_only_conf({"spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension, x.Other",
                            "spark.connect.grpc.interceptor.classes": "x.Audit"})
-    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension,x.Other,io.kdq.spark.ReadOnlyExtension"
-    assert conf["spark.connect.grpc.interceptor.classes"] == "x.Audit,io.kdq.spark.ReadOnlyConnectInterceptor"
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension,x.Other,io.kdq.spark.sqlendpoint.ReadOnlyExtension"
+    assert conf["spark.connect.grpc.interceptor.classes"] == "x.Audit,io.kdq.spark.sqlendpoint.ReadOnlyConnectInterceptor"
     again = read_only_conf(conf)
     assert again == conf  # never twice
-    assert read_only_conf({})["spark.sql.extensions"] == "io.kdq.spark.ReadOnlyExtension"
+    assert read_only_conf({})["spark.sql.extensions"] == "io.kdq.spark.sqlendpoint.ReadOnlyExtension"
 
 
 def test_a_container_binds_every_interface(tmp_path) -> None:

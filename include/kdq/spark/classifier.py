@@ -1,4 +1,4 @@
-"""The record classifier: one JVM function, ``io.kdq.spark.Classifier``, for both layers.
+"""The record classifier: one JVM function, ``io.kdq.spark.classify.Classifier``, for both layers.
 
 Validation runs inside Spark's JVM on the raw value bytes (module
 ``jvm/kdq-spark-functions``, built by ``scripts/setup.sh``): strict UTF-8,
@@ -35,7 +35,7 @@ from kdq.rules import RuleError, RuleSet, TopicRule
 if TYPE_CHECKING:
     from pyspark.sql import Column, SparkSession
 
-CLASSIFIER_CLASS = "io.kdq.spark.Classifier"
+CLASSIFIER_CLASS = "io.kdq.spark.classify.Classifier"
 # Base URI of the rules folder's files: a $ref such as "common.schema.json#/$defs/id" resolves
 # against it to another file of the folder, which travels in "resources" (never fetched).
 RULES_BASE_URI = "kdq:/rules/"
@@ -139,7 +139,7 @@ def check_rules(
     jvm = spark.sparkContext._jvm
     document = rules if isinstance(rules, ClassifierDocument) else ClassifierDocument.of(rules, stream)
     try:
-        return str(jvm.io.kdq.spark.Classifier.check(document.text, ask_registry))
+        return str(jvm.io.kdq.spark.classify.Classifier.check(document.text, ask_registry))
     except Exception as exc:
         if "Classifier" in str(exc) and "does not exist" in str(exc):
             raise RuleError(
@@ -165,6 +165,6 @@ def classifier(
         # must go on counting the schemas it has seen through an outage.
         check_rules(spark, document, stream, ask_registry=False)
         jvm = spark.sparkContext._jvm
-        udf = jvm.io.kdq.spark.Classifier(document.text)
-        spark._jsparkSession.udf().register(name, udf, jvm.io.kdq.spark.Classifier.returnType())
+        udf = jvm.io.kdq.spark.classify.Classifier(document.text)
+        spark._jsparkSession.udf().register(name, udf, jvm.io.kdq.spark.classify.Classifier.returnType())
     return lambda topic, value: F.call_function(name, topic, value)

@@ -145,9 +145,9 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         conf["spark.jars"] = ",".join(str(p) for p in connector_jars(config))
         # FileContext on file: (every Delta commit, every streaming checkpoint file) through kdq's process-free
         # local file system: Hadoop's forks chmod and readlink per file without its native library, ~50 ms a
-        # rename on two busy cores (io.kdq.spark.NioLocalFileSystem; benchmarks/PERF_NOTES.md, "the small batch's latency"). Only
+        # rename on two busy cores (io.kdq.spark.fs.NioLocalFileSystem; benchmarks/PERF_NOTES.md, "the small batch's latency"). Only
         # where kdq's jar is on the class path, i.e. here.
-        conf["spark.hadoop.fs.AbstractFileSystem.file.impl"] = "io.kdq.spark.NioLocalFileSystem$Fs"
+        conf["spark.hadoop.fs.AbstractFileSystem.file.impl"] = "io.kdq.spark.fs.NioLocalFileSystem$Fs"
         # Python workers (the summaries' driver-side helpers, any pandas UDF) must
         # run in this interpreter, not whatever python3 is first on PATH; executors
         # of a loopback cluster run on this machine, so the venv's is theirs too.

@@ -15,10 +15,10 @@ views are shared; SET and temporary views are per client). Reads go through Delt
 isolation: a query sees the last committed MERGE of the stream, never half of one.
 
 The endpoint is read-only for its clients: before either port opens, :func:`make_read_only` arms kdq's check rule
-(``io.kdq.spark.ReadOnlyExtension`` in ``spark.sql.extensions``, set by :mod:`kdq.stack.sql_endpoint`) in every
+(``io.kdq.spark.sqlendpoint.ReadOnlyExtension`` in ``spark.sql.extensions``, set by :mod:`kdq.stack.sql_endpoint`) in every
 session of the driver, so DDL, DML, ``ADD JAR``, ``CREATE FUNCTION``, ``SET`` of non-session settings, reflection,
 scripts, UDFs and reads outside the tables' locations are refused with ``kdq SQL endpoint is read-only: ...``;
-Spark Connect requests that never become a plan are refused by ``io.kdq.spark.ReadOnlyConnectInterceptor``.
+Spark Connect requests that never become a plan are refused by ``io.kdq.spark.sqlendpoint.ReadOnlyConnectInterceptor``.
 
 Runs until SIGTERM (``kdq down``), then stops both servers.
 """
@@ -50,7 +50,7 @@ def warm_up(spark, config: Config) -> None:
     log.info("warmed up in %.1f s", time.monotonic() - started)
 
 
-READ_ONLY_EXTENSION = "io.kdq.spark.ReadOnlyExtension"
+READ_ONLY_EXTENSION = "io.kdq.spark.sqlendpoint.ReadOnlyExtension"
 
 
 def make_read_only(spark: SparkSession) -> str:
@@ -59,7 +59,7 @@ def make_read_only(spark: SparkSession) -> str:
     extension is missing from the class path or from ``spark.sql.extensions``: the endpoint must not open then."""
     from py4j.java_gateway import JavaClass
 
-    extension = spark.sparkContext._jvm.io.kdq.spark.ReadOnlyExtension
+    extension = spark.sparkContext._jvm.io.kdq.spark.sqlendpoint.ReadOnlyExtension
     if not isinstance(extension, JavaClass):
         raise RuntimeError(
             f"{READ_ONLY_EXTENSION} is not on the SQL endpoint's class path (kdq-spark-functions.jar: run `make setup`)"

@@ -214,7 +214,7 @@ BATCH_COUNTS_FUNCTION = "kdq_batch_counts"
 
 def batch_counts_metric(classified: DataFrame) -> Column:
     """:func:`batch_aggregates` as one aggregate value: a JSON array of the same rows (same groups, same
-    figures), computed by the JVM aggregate ``io.kdq.spark.BatchCounts``.
+    figures), computed by the JVM aggregate ``io.kdq.spark.counts.BatchCounts``.
 
     Why: the speed layer computes it as an observed metric of the pass that writes the micro-batch's
     records to the raw archive (``DataFrame.observe``), so the 1 KB values are read, classified and
@@ -223,7 +223,7 @@ def batch_counts_metric(classified: DataFrame) -> Column:
     """
     spark = classified.sparkSession
     if not spark.catalog.functionExists(BATCH_COUNTS_FUNCTION):
-        spark._jsparkSession.udf().register(BATCH_COUNTS_FUNCTION, spark._jvm.io.kdq.spark.BatchCounts.udaf())
+        spark._jsparkSession.udf().register(BATCH_COUNTS_FUNCTION, spark._jvm.io.kdq.spark.counts.BatchCounts.udaf())
     return F.call_function(
         BATCH_COUNTS_FUNCTION,
         F.col("topic"),

@@ -44,13 +44,13 @@ ENDPOINT_CONF = {
 PASSWORD_ENV = "KDQ_SQL_PASSWORD"
 
 
-AUTHENTICATOR = "io.kdq.spark.SqlPasswordAuthenticator"
+AUTHENTICATOR = "io.kdq.spark.sqlendpoint.SqlPasswordAuthenticator"
 
-# The endpoint is read-only (kdq-spark-functions: io.kdq.spark.ReadOnlyExtension and its check rule, armed by
+# The endpoint is read-only (kdq-spark-functions: io.kdq.spark.sqlendpoint.ReadOnlyExtension and its check rule, armed by
 # kdq.spark.sql_server once the tables are registered; Spark Connect's requests that never become a plan go
 # through the interceptor). Clients query the kdq tables and views; nothing they send writes or runs code.
-READ_ONLY_EXTENSION = "io.kdq.spark.ReadOnlyExtension"
-READ_ONLY_INTERCEPTOR = "io.kdq.spark.ReadOnlyConnectInterceptor"
+READ_ONLY_EXTENSION = "io.kdq.spark.sqlendpoint.ReadOnlyExtension"
+READ_ONLY_INTERCEPTOR = "io.kdq.spark.sqlendpoint.ReadOnlyConnectInterceptor"
 
 
 def _with(listed: str, name: str) -> str:
@@ -158,7 +158,7 @@ def _is_ip(name: str) -> bool:
 def thrift_auth_conf(env: Mapping[str, str], driver_java_options: str = "") -> dict[str, str]:
     """Password authentication of the Thrift server when ``KDQ_SQL_PASSWORD`` is set (the compose
     deployment sets it; locally it is optional): HiveServer2's CUSTOM mode with kdq's provider
-    (``io.kdq.spark.SqlPasswordAuthenticator`` in the kdq-spark-functions jar), which reads the expected
+    (``io.kdq.spark.sqlendpoint.SqlPasswordAuthenticator`` in the kdq-spark-functions jar), which reads the expected
     ``KDQ_SQL_USER`` (default ``kdq``) and password from the endpoint's own environment.
 
     The provider's class name must be a JVM system property: Hive's CUSTOM mode reads it from a fresh

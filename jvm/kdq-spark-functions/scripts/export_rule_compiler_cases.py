@@ -1,7 +1,6 @@
 """Export the Python rule tests' SCHEMAS and CASES table for the JVM classifier's tests.
 
-The table lives in tests/unit/test_classifier.py (formerly test_rule_compiler.py); pass another
-file as the first argument if it moves again.
+The table lives in tests/unit/test_classifier.py; pass another file as the first argument if it moves.
 
 Writes src/test/resources/rule_compiler_cases.json: a Classifier configuration built like the
 rules folder of that test (topics.toml entries first, then the <topic>.schema.json files in name
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 OUT = Path(__file__).resolve().parents[1] / "src" / "test" / "resources" / "rule_compiler_cases.json"
 
 
-DEFAULT_SOURCES = [ROOT / "tests" / "unit" / "test_classifier.py", ROOT / "tests" / "unit" / "test_rule_compiler.py"]
+DEFAULT_SOURCE = ROOT / "tests" / "unit" / "test_classifier.py"
 
 
 def export_text(source: Path) -> str:
@@ -76,8 +75,7 @@ def export_text(source: Path) -> str:
 
 
 def main() -> None:
-    candidates = [Path(a) for a in sys.argv[1:]] or DEFAULT_SOURCES
-    source = next(p for p in candidates if p.exists())
+    source = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_SOURCE
     text = export_text(source)
     OUT.write_text(text)
     print(f"{OUT}: {len(json.loads(text)['cases'])} cases (from {source})")

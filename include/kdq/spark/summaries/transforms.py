@@ -55,9 +55,9 @@ def topic_condition(topic: Column, summary: SummaryConfig) -> Column:
 
 
 def summary_fields_config(summaries: Sequence[SummaryConfig], rules: RuleSet | None = None) -> str:
-    """The summaries as the JSON document ``io.kdq.spark.SummaryValues`` compiles (same summaries, same text);
+    """The summaries as the JSON document ``io.kdq.spark.summary.SummaryValues`` compiles (same summaries, same text);
     with ``rules`` that have registry-backed topics, also their topic matchers in precedence order
-    (``io.kdq.spark.RegistrySummaryValues`` reads those topics from the decoded record)."""
+    (``io.kdq.spark.summary.RegistrySummaryValues`` reads those topics from the decoded record)."""
     entries = []
     for s in summaries:
         mantissa, exponent = step_decimal(s.step) if s.step is not None else (None, None)
@@ -83,10 +83,10 @@ def summary_fields(
     """``f(topic, value)`` → one struct per summary (x, bucket, reject, groups): the JVM function, registered once
     per session.
 
-    One streaming pass over the value's bytes in the JVM (``io.kdq.spark.SummaryValues``, in the
+    One streaming pass over the value's bytes in the JVM (``io.kdq.spark.summary.SummaryValues``, in the
     classifier's module) instead of Spark's VARIANT parse and a SQL bucket expression per summary
     (benchmarks/PERF_NOTES.md, "the summaries' fields in the JVM"). When ``rules`` have registry-backed topics,
-    ``io.kdq.spark.RegistrySummaryValues``: those topics' values are read from the record the registry's
+    ``io.kdq.spark.summary.RegistrySummaryValues``: those topics' values are read from the record the registry's
     schema decodes (Avro, Protobuf, JSON Schema), the others as JSON.
     """
     config_json = summary_fields_config(summaries, rules)
@@ -94,9 +94,9 @@ def summary_fields(
     by_topic = '"rules":' in config_json
     if not spark.catalog.functionExists(name):
         jvm = spark.sparkContext._jvm
-        functions = jvm.io.kdq.spark.RegistrySummaryValues if by_topic else jvm.io.kdq.spark.SummaryValues
+        functions = jvm.io.kdq.spark.summary.RegistrySummaryValues if by_topic else jvm.io.kdq.spark.summary.SummaryValues
         functions.check(config_json)
-        spark._jsparkSession.udf().register(name, functions(config_json), jvm.io.kdq.spark.SummaryValues.returnType())
+        spark._jsparkSession.udf().register(name, functions(config_json), jvm.io.kdq.spark.summary.SummaryValues.returnType())
     if by_topic:
         return lambda topic, value: F.call_function(name, topic, value)
     return lambda topic, value: F.call_function(name, value)

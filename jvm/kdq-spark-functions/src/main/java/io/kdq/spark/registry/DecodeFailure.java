@@ -1,6 +1,6 @@
 package io.kdq.spark.registry;
 
-import io.kdq.spark.JsonPointer;
+import io.kdq.spark.classify.JsonPointer;
 import java.util.ArrayDeque;
 
 /**
