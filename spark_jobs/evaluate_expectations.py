@@ -17,7 +17,10 @@ counts that cause it, not within the next run's start-up); each evaluation holds
 own, so a manual run can slip in between. A look whose inputs did not change since the last evaluation (Delta
 versions of the counts, reasons and incidents, the stream's progress and state, the minute) skips it, and an
 evaluation is followed by a rest at least as long as itself: on a 2-core machine shared with the stream the
-evaluator must not take a core of its own.
+evaluator must not take a core of its own. Between looks it reads the end of the stream's progress log every
+two seconds (a file, no Spark job): a micro-batch whose own counts put a topic with no open invalid_ratio
+incident over that check's threshold is evaluated for at once, rest or not, so a burst of invalid records
+opens its incident seconds after the stream counts it.
 
 Prints its report (kdq.job_reports.ExpectationsReport: the evaluations' combined) with the notifications it
 produced.
@@ -63,6 +66,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 REST_FACTOR = 1.0  # a repeating run rests this many times as long as its last evaluation took
+# Between its regular looks a repeating run reads the stream's newest progress records this often: a micro-batch
+# whose own counts put a topic over its invalid_ratio threshold is evaluated at once (rest or not).
+HINT_SECONDS = 2.0
+PROGRESS_TAIL_BYTES = 64 * 1024  # the progress log's end: the micro-batches since the last evaluation
 
 
 def run(spark, config: Config, args: argparse.Namespace) -> ExpectationsReport:
@@ -76,29 +83,54 @@ def run(spark, config: Config, args: argparse.Namespace) -> ExpectationsReport:
         return evaluate_expectations(spark, config, now_ms, horizon, deliver=deliver)
     # Repeating: the machine is shared with the stream, so an evaluation runs only when what it reads changed
     # (or deliveries are still owed), and rests at least as long as the last one took (at most half the wall
-    # clock, however slow the machine).
+    # clock, however slow the machine). One exception keeps incidents quick: a micro-batch whose own counts
+    # breach an invalid_ratio check of a topic with no open incident is evaluated for at once.
     reports: list[ExpectationsReport] = []
     incidents = IncidentsCache()
-    last_inputs, skipped = None, 0
-    started = not_before = time.monotonic()
+    last_inputs, skipped, at_once = None, 0, 0
+    seen_batch = None  # the newest micro-batch an evaluation began after (the first covers every earlier one)
+    started = not_before = next_look = time.monotonic()
     while True:
         tick = time.monotonic()
         now_ms = int(time.time() * 1000)
-        inputs = evaluation_inputs(spark, config, now_ms)
-        if inputs != last_inputs or not reports or owes_deliveries(reports[-1]):
-            reports.append(evaluate_expectations(spark, config, now_ms, horizon, deliver=deliver,
-                                                 incidents=incidents))
-            last_inputs = inputs
-            not_before = time.monotonic() + REST_FACTOR * (time.monotonic() - tick)
-            if len(reports) == 1:
-                started = time.monotonic()  # --for-seconds counts from the first evaluation's end (its cold start)
-        else:
-            skipped += 1
-        if time.monotonic() + every - started > for_seconds or not reports[-1].ok:
+        urgent, newest = _breaching(config, seen_batch, incidents)
+        urgent = urgent and bool(reports)
+        if urgent or (tick >= next_look and tick >= not_before):
+            next_look = tick + every
+            inputs = evaluation_inputs(spark, config, now_ms)
+            if urgent or inputs != last_inputs or not reports or owes_deliveries(reports[-1]):
+                seen_batch = newest
+                reports.append(evaluate_expectations(spark, config, now_ms, horizon, deliver=deliver,
+                                                     incidents=incidents))
+                at_once += bool(urgent)
+                last_inputs = inputs
+                not_before = time.monotonic() + REST_FACTOR * (time.monotonic() - tick)
+                if len(reports) == 1:
+                    started = time.monotonic()  # --for-seconds counts from the first evaluation's end (its cold start)
+            else:
+                skipped += 1
+        if time.monotonic() + min(every, HINT_SECONDS) - started > for_seconds or not reports[-1].ok:
             report = ExpectationsReport.combined(reports)
             report.skipped_unchanged = skipped
+            report.evaluated_at_once = at_once
             return report
-        time.sleep(max(0.0, tick + every - time.monotonic(), not_before - time.monotonic()))
+        time.sleep(max(0.0, min(HINT_SECONDS, max(next_look, not_before) - time.monotonic())))
+
+
+def _breaching(config: Config, after_batch_id: int | None, incidents) -> tuple[bool, int | None]:
+    """(whether a micro-batch after ``after_batch_id`` breaches an invalid_ratio check of a topic with no open
+    incident, the newest batch id seen): files only, no Spark job."""
+    from kdq.expectation_run import batches_breaching
+    from kdq.quality_page import read_progress_log
+    from kdq.rules import load_rules
+
+    progress = read_progress_log(config, max_bytes=PROGRESS_TAIL_BYTES)
+    ids = [r["batch_id"] for r in progress if isinstance(r.get("batch_id"), int)]
+    newest = max([*ids, *([after_batch_id] if after_batch_id is not None else [])], default=None)
+    if newest == after_batch_id:
+        return False, newest
+    expectations = load_rules(config.rules_dir).expectations
+    return bool(batches_breaching(expectations, progress, after_batch_id, incidents.rows)), newest
 
 
 def owes_deliveries(report: ExpectationsReport) -> bool:

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from kdq.expectations import MINUTE_MS, MinuteCounts, StreamFigures, TopicMinutes, evaluate
 from kdq.expectations_config import ExpectationSet
 from kdq.incidents import (
+    OPEN,
     Incident,
     IncidentState,
     Notification,
@@ -131,6 +132,30 @@ def stream_figures(
         latency_seconds=None if latency is None else latency / 1000,
         lag_records=None if not isinstance(lag, dict) else sum(int(v) for v in lag.values()),
     ), *health]
+
+
+def batches_breaching(
+    expectations: ExpectationSet, progress: Iterable[Mapping[str, object]], after_batch_id: int | None,
+    stored: Iterable[Incident],
+) -> set[str]:
+    """The topics of the stream's micro-batches after ``after_batch_id`` (its progress records) whose own counts
+    put an invalid_ratio check over its threshold (:meth:`ExpectationSet.ratio_breaches`) and that have no open
+    invalid_ratio incident yet: what a repeating run evaluates for at once, so an incident opens seconds after
+    its records are counted instead of at the next regular look. A topic already in an open incident waits for
+    the regular looks (its incident is updated there), so a topic that stays bad costs no extra evaluations."""
+    already = {i.topic for i in stored if i.status == OPEN and i.expectation == "invalid_ratio"}
+    breached: set[str] = set()
+    for record in progress:
+        batch_id = record.get("batch_id")
+        if not isinstance(batch_id, int) or (after_batch_id is not None and batch_id <= after_batch_id):
+            continue
+        invalid = record.get("invalid_rows_by_topic")
+        inputs = record.get("input_rows_by_topic")
+        if isinstance(invalid, Mapping) and isinstance(inputs, Mapping):
+            breached |= expectations.ratio_breaches(
+                {str(t): int(n) for t, n in invalid.items()}, {str(t): int(n) for t, n in inputs.items()}
+            )
+    return breached - already
 
 
 @dataclass

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +147,21 @@ class ExpectationSet:
         """Whether any check judges invalid reasons (``[[expectations.reason]]``): only then is an evaluation's
         read of ``invalid_reasons`` needed."""
         return any(c.kind == "reason" for c in (*self.defaults, *(c for e in self.entries for c in e.checks)))
+
+    def ratio_breaches(self, invalid_by_topic: Mapping[str, int], input_by_topic: Mapping[str, int]) -> set[str]:
+        """The topics whose invalid share in these counts alone (one micro-batch's) is above their invalid_ratio
+        check's threshold, with at least its ``min_records`` records: a hint that the next evaluation may
+        open an incident, which a repeating run acts on at once instead of at its next regular look. Only a hint:
+        the evaluation judges the sliding period's counts, not a batch's."""
+        breached = set()
+        for topic, invalid in invalid_by_topic.items():
+            total = int(input_by_topic.get(topic) or 0)
+            if invalid <= 0 or total <= 0:
+                continue
+            for check in self.for_topic(topic):
+                if check.kind == "invalid_ratio" and total >= check.min_records and check.violated(invalid / total):
+                    breached.add(topic)
+        return breached
 
     def lookback_minutes(self) -> int:
         """How many minutes before the first evaluated one the counts must reach (sliding periods, silence,

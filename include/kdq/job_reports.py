@@ -292,6 +292,8 @@ class ExpectationsReport(JobReport):
     channel does not make ``ok`` false: the evaluation is committed and the next run delivers again.
     ``step_seconds``: wall seconds per step (read, judge, sample, write, deliver), summed over a run's evaluations.
     ``skipped_unchanged``: a repeating run's looks that found its inputs as the last evaluation left them.
+    ``evaluated_at_once``: a repeating run's evaluations started ahead of its regular looks because a micro-batch's
+    own counts put a topic over its invalid_ratio threshold (:func:`kdq.expectation_run.batches_breaching`).
     """
 
     now_ms: int = 0
@@ -307,6 +309,7 @@ class ExpectationsReport(JobReport):
     delivery: dict[str, Any] | None = None
     evaluations: int = 1
     skipped_unchanged: int = 0
+    evaluated_at_once: int = 0
     step_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -326,6 +329,7 @@ class ExpectationsReport(JobReport):
             delivery=_summed([r.delivery for r in reports if r.delivery is not None]),
             evaluations=sum(r.evaluations for r in reports),
             skipped_unchanged=sum(r.skipped_unchanged for r in reports),
+            evaluated_at_once=sum(r.evaluated_at_once for r in reports),
             step_seconds={step: round(sum(r.step_seconds.get(step, 0.0) for r in reports), 3)
                           for step in dict.fromkeys(step for r in reports for step in r.step_seconds)},
         )

@@ -22,6 +22,7 @@ class MicroBatchIncrements:
     input_rows_by_topic: dict[str, int] = field(default_factory=dict)
     late_rows: dict[str, int] = field(default_factory=dict)
     invalid_rows: int = 0
+    invalid_rows_by_topic: dict[str, int] = field(default_factory=dict)  # counted invalid rows (not late ones)
     max_event_ms: dict[str, int] = field(default_factory=dict)
     window_increments: list[dict] = field(default_factory=list)
     reason_increments: list[dict] = field(default_factory=list)
@@ -64,6 +65,7 @@ def increments_of(rows: Iterable[Mapping], reasons_window_seconds: int) -> Micro
         entry[0] += count
         if not row["valid"]:
             batch.invalid_rows += count
+            batch.invalid_rows_by_topic[topic] = batch.invalid_rows_by_topic.get(topic, 0) + count
             reasons[(topic, int(row["window_start_ms"]) // coarse_ms * coarse_ms, row["reason"])] += count
     batch.input_rows_by_topic = dict(inputs)
     batch.late_rows = {t: n for t, n in late.items() if n}

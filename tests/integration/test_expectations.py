@@ -21,11 +21,13 @@ import pytest
 from pyspark.sql import functions as F
 from spark_jobs import evaluate_expectations
 
+import kdq.spark.expectations
 from kdq.notify import CHANNELS_ENV, WebhookChannel
 from kdq.spark.notify import deliver_pending
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import append_archive, delta_snapshot, merge_window_increments
 from kdq.stack.procs import free_port
+from kdq.stream_state import PROGRESS_LOG, state_dir
 from kdq.tables import INCIDENT_DELIVERIES, INCIDENTS, RAW_ARCHIVE
 from kdq.windows import event_hour
 from tests.conftest import make_config
@@ -342,10 +344,26 @@ def test_one_run_evaluates_on_the_clock_and_notifies_once(spark, tmp_path: Path,
     config = make_config(tmp_path, paths={"rules_dir": str(rules)})
     ensure_tables(spark, config)
     burst_a_minute_ago(spark, config, "test-expectations-every")
+    # After the first evaluation the stream counts a micro-batch that is 80 % invalid on payments (no incident
+    # open there): the run evaluates for it at once, ahead of its regular looks.
+    real_evaluation, evaluations = kdq.spark.expectations.evaluate_expectations, []
+
+    def evaluating_then_a_bad_batch(*args, **kwargs):
+        report = real_evaluation(*args, **kwargs)
+        evaluations.append(report)
+        if len(evaluations) == 1:
+            state_dir(config).mkdir(parents=True, exist_ok=True)
+            with open(state_dir(config) / PROGRESS_LOG, "a") as log:
+                log.write(json.dumps({"batch_id": 1, "input_rows_by_topic": {"payments": 100},
+                                      "invalid_rows_by_topic": {"payments": 80}}) + "\n")
+        return report
+
+    monkeypatch.setattr(kdq.spark.expectations, "evaluate_expectations", evaluating_then_a_bad_batch)
     args = argparse.Namespace(now_ms=None, horizon_minutes=180, deliver=False, every_seconds=1.0, for_seconds=20.0)
     report = evaluate_expectations.run(spark, config, args).to_dict()
     assert report["ok"] and report["evaluations"] >= 2 and report["skipped_unchanged"] >= 1, (
         report["evaluations"], report["skipped_unchanged"], report["step_seconds"])
+    assert report["evaluated_at_once"] == 1, report  # the bad batch, once: later looks know it was evaluated
     assert [n["event"] for n in report["notifications"]] == ["open"] and report["incidents_changed"] == 1, report
     # Where the evaluations' time went, step by step (no --deliver: no delivery step).
     assert list(report["step_seconds"]) == ["read", "judge", "sample", "write"], report

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from kdq.expectation_run import (
+    batches_breaching,
     notification_row,
     run_evaluation,
     run_window,
@@ -212,3 +213,28 @@ def test_the_unruled_check_sees_the_clusters_topics_and_survives_a_broker_outage
 
     monkeypatch.setattr(backfill, "list_topics", down)
     assert monitored_topics(config, ["orders"]) == ["orders"]
+
+
+def test_a_micro_batch_that_breaches_a_ratio_check_is_a_hint_once_per_topic_without_an_open_incident() -> None:
+    """The repeating run's hint (evaluate at once): a batch after the last evaluated one whose own counts put a
+    topic over its invalid_ratio threshold with at least min_records records; not for a topic already open."""
+    progress = [
+        {"batch_id": 7, "input_rows_by_topic": {"orders": 100}, "invalid_rows_by_topic": {"orders": 90}},
+        {"batch_id": 8, "input_rows_by_topic": {"orders": 100, "payments": 50}, "invalid_rows_by_topic": {"orders": 5}},
+        {"batch_id": 9, "input_rows_by_topic": {"orders": 19}, "invalid_rows_by_topic": {"orders": 19}},  # < 20 records
+        {"batch_id": 10},  # a progress record of an older kdq, or of a batch with no report
+    ]
+    assert batches_breaching(RATIO, progress, 8, []) == set()  # 9: too few records; 7 is before the last one
+    assert batches_breaching(RATIO, progress, 6, []) == {"orders"}
+    assert batches_breaching(RATIO, progress, None, []) == {"orders"}
+    assert batches_breaching(RATIO, progress, 7, []) == set()  # 5 of 100 is not above 0.05
+    progress.append({"batch_id": 11, "input_rows_by_topic": {"orders": 30, "payments": 40},
+                     "invalid_rows_by_topic": {"orders": 1, "payments": 3}})
+    assert batches_breaching(RATIO, progress, 10, []) == {"payments"}  # 3/40 > 0.05 with 40 >= 20 records
+    table = Table()
+    table.run(burst(), 30)
+    opened = stored_form(table.rows)
+    assert any(i.status == OPEN and i.expectation == "invalid_ratio" and i.topic == "orders" for i in opened)
+    assert batches_breaching(RATIO, progress, 6, opened) == {"payments"}  # orders is open: its regular looks update it
+    assert batches_breaching(RATIO, progress, 10, opened) == {"payments"}
+    assert batches_breaching(parse_expectations({}), progress, None, []) == set()  # no invalid_ratio check

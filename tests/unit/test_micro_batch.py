@@ -32,6 +32,7 @@ def test_increments_of_splits_counted_late_and_reasons() -> None:
     assert increments.input_rows_by_topic == {"orders": 12, "clock": 4}
     assert increments.late_rows == {"orders": 3}
     assert increments.invalid_rows == 8
+    assert increments.invalid_rows_by_topic == {"orders": 4, "clock": 4}  # the late invalid ones not among them
     assert increments.max_event_ms == {"orders": W0 + 1500}
     assert increments.window_increments == [
         {"topic": "clock", "window_start_ms": W0, "status": "invalid", "count": 4, "rules_version": "v1"},

@@ -177,6 +177,7 @@ class BatchReport:
     input_rows: int = 0
     input_rows_by_topic: dict[str, int] = field(default_factory=dict)
     invalid_rows: int = 0
+    invalid_rows_by_topic: dict[str, int] = field(default_factory=dict)
     late_rows: dict[str, int] = field(default_factory=dict)
     max_event_ms: dict[str, int] = field(default_factory=dict)
     changed_windows: int = 0
@@ -306,6 +307,7 @@ class SpeedLayer:
                 input_rows=increments_in.input_rows,
                 input_rows_by_topic=increments_in.input_rows_by_topic,
                 invalid_rows=increments_in.invalid_rows,
+                invalid_rows_by_topic=increments_in.invalid_rows_by_topic,
                 late_rows=increments_in.late_rows,
                 max_event_ms=increments_in.max_event_ms,
                 replayed=replayed,
@@ -663,6 +665,10 @@ class ProgressRecorder(StreamingQueryListener):
             now = now_ms()
             record.update(
                 late_rows=report.late_rows,
+                # per topic, the counted invalid rows beside input_rows_by_topic: the expectations run's hint
+                # that a topic just went bad (ExpectationSet.ratio_breaches)
+                input_rows_by_topic=report.input_rows_by_topic,
+                invalid_rows_by_topic=report.invalid_rows_by_topic,
                 event_time_lag_ms={t: now - ms for t, ms in report.max_event_ms.items()},
                 changed_windows=report.changed_windows,
                 influx_ok=report.influx_ok,
