@@ -57,7 +57,7 @@ from benchmarks.__main__ import make_config as bench_config
 from benchmarks.speed import read_progress, write_config
 from kdq import writers_journal
 from kdq.config import Config
-from kdq.stack.procs import quiet_port
+from kdq.procs import quiet_port
 
 log = logging.getLogger("kdq.chaos")
 PROJECT = Path(__file__).resolve().parents[1]
@@ -343,7 +343,7 @@ class Monitor(threading.Thread):
             return list(self.events)
 
     def run(self) -> None:
-        from kdq.stream_process import stream_process
+        from kdq.spark.stream_process import stream_process
 
         folder = self.config.data_dir / "stream"
         last: dict = {}
@@ -561,7 +561,7 @@ class Faults:
     def _scheduler(self, fault: cl.PlannedFault) -> None:
         """SIGTERM the scheduler standalone started, start a replacement ``airflow scheduler`` with the same
         environment, and wait until Airflow reports a healthy scheduler again."""
-        from kdq.stack.procs import ManagedProcess
+        from kdq.procs import ManagedProcess
 
         airflow = self.stack.airflow
         row = {"t": self.clock.t(), "kind": fault.kind, "how": "scheduler alone (standalone keeps its other parts)"}
@@ -615,7 +615,7 @@ class Faults:
     # -- stream kills ---------------------------------------------------------------------------------
 
     def _kill_loop(self) -> None:
-        from kdq.stream_process import stream_process
+        from kdq.spark.stream_process import stream_process
 
         folder = self.config.data_dir / "stream"
         last_kill: float | None = None
@@ -1012,8 +1012,8 @@ def read_delta(config: Config, topics: list[str]) -> tuple[list[tuple], dict]:
 
 def run_job(config: Config, job: str, job_args: list[str], log_file: Path, timeout: float = 1800.0) -> dict:
     """A batch-layer job through spark-submit, as the CLI and Airflow run it; its JSON summary (last line)."""
+    from kdq.spark.stream_process import child_env
     from kdq.spark.submit import submit_command
-    from kdq.stream_process import child_env
 
     command = submit_command(config, job, job_args)
     started = _now()
@@ -1143,9 +1143,9 @@ def main(argv=None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
 
+    from kdq.spark.stream_process import stop_stream
     from kdq.stack.airflow import RECOMPUTE_MINUTES_ENV, START_DATE_ENV, SUPERVISOR_INTERVAL_ENV, LocalAirflow
     from kdq.stack.manager import LocalStack
-    from kdq.stream_process import stop_stream
 
     started = _now()
     local_s3 = None

@@ -748,7 +748,7 @@ def _say(t0: float, message: str) -> None:
 
 def wait_first_counts(stack: Any, since_ms: int, timeout: float) -> float:
     """Seconds until the stream commits a batch with counts (after ``since_ms``)."""
-    from kdq.stream_state import stream_status
+    from kdq.stream.state import stream_status
 
     started = time.monotonic()
     while time.monotonic() - started < timeout:

@@ -224,7 +224,7 @@ def main(argv=None) -> int:
         endpoint.start(timeout=300)
         start_seconds = time.monotonic() - started
         if args.with_stream:
-            from kdq.stream_process import start_stream
+            from kdq.spark.stream_process import start_stream
             from kdq.traffic import start_demo
 
             start_stream(config)
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
         kdq_sql = kdq_sql_timings(config, args.runs)
     finally:
         if args.with_stream:
-            from kdq.stream_process import stop_stream
+            from kdq.spark.stream_process import stop_stream
             from kdq.traffic import stop_demo
 
             stop_demo(config)

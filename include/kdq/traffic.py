@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from kdq.config import Config, ConfigError, check_kafka_reachable
-from kdq.stack.procs import ManagedProcess
+from kdq.procs import ManagedProcess
 
 log = logging.getLogger("kdq.demo")
 
