@@ -186,7 +186,7 @@ def code_state() -> dict:
 
 
 class Traffic(threading.Thread):
-    """A transactional producer at a fixed rate (kdq.traffic.RateLimiter); broker outages abort or fail
+    """A transactional producer at a fixed rate (kdq.traffic.generator.RateLimiter); broker outages abort or fail
     transactions, which is fine: the truth is what Kafka holds committed at the end."""
 
     def __init__(self, config: Config, seed: int, rate: float, mix: cl.TrafficMix, transaction_seconds: float,
@@ -241,7 +241,7 @@ class Traffic(threading.Thread):
     def _run(self) -> None:
         from confluent_kafka import KafkaException
 
-        from kdq.traffic import RateLimiter
+        from kdq.traffic.generator import RateLimiter
 
         producer = self._producer()
         limiter = RateLimiter(self.rate)

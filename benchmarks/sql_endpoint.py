@@ -225,7 +225,7 @@ def main(argv=None) -> int:
         start_seconds = time.monotonic() - started
         if args.with_stream:
             from kdq.spark.stream_process import start_stream
-            from kdq.traffic import start_demo
+            from kdq.traffic.process import start_demo
 
             start_stream(config)
             start_demo(config, ["--rate=200"])
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     finally:
         if args.with_stream:
             from kdq.spark.stream_process import stop_stream
-            from kdq.traffic import stop_demo
+            from kdq.traffic.process import stop_demo
 
             stop_demo(config)
             stop_stream(config)

@@ -273,7 +273,8 @@ BURST_TOPICS = "orders"
 
 
 def _demo_spec(config: Config, args: argparse.Namespace):
-    from kdq.traffic import TrafficSpec, default_topics, parse_topics
+    from kdq.traffic.generator import TrafficSpec
+    from kdq.traffic.kinds import default_topics, parse_topics
 
     if args.burst is not None:
         # Only invalid records, now (no out-of-order or late ones), as fast as a producer sends a bad deploy's
@@ -311,7 +312,7 @@ def _demo(config: Config, args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from kdq.traffic import demo_process, main_loop, start_demo
+    from kdq.traffic.process import demo_process, main_loop, start_demo
 
     try:
         spec = _demo_spec(config, args)
@@ -388,7 +389,7 @@ def _run(config: Config, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kdq.traffic import DEFAULT_TOPICS, REGISTRY_TOPICS
+    from kdq.traffic.kinds import DEFAULT_TOPICS, REGISTRY_TOPICS
 
     parser = argparse.ArgumentParser(prog="kdq", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="config file (default: $KDQ_CONFIG or kdq.toml)")

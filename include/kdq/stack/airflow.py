@@ -347,7 +347,7 @@ def start_product(stack: Any, demo_args: list[str], started: float | None = None
 
     Returns the start time (``time.monotonic()``) for :func:`follow`, or None when the stack is unhealthy.
     """
-    from kdq.traffic import start_demo
+    from kdq.traffic.process import start_demo
 
     started = time.monotonic() if started is None else started
     statuses = stack.up()
@@ -381,7 +381,7 @@ def warm_quality_page(url: str) -> None:
 
 def print_banner(stack: Any) -> None:
     from kdq.spark.stream_process import stream_process
-    from kdq.traffic import demo_process
+    from kdq.traffic.process import demo_process
 
     airflow = stack.airflow
     spark = getattr(stack, "spark", None)
@@ -417,7 +417,7 @@ def follow(stack: Any, started: float, poll_seconds: float = 5.0, report_seconds
     """Print milestones (supervisor run, stream up, first counts), then a status line a minute, until
     Airflow is no longer running (``make stop``) or Ctrl-C (KeyboardInterrupt, handled by the caller)."""
     from kdq.stream.state import stream_status
-    from kdq.traffic import read_stats
+    from kdq.traffic.process import read_stats
 
     api = stack.airflow.api()
     pending = {"supervisor": True, "stream": True, "counts": True}

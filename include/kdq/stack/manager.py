@@ -222,7 +222,7 @@ class LocalStack:
     def down(self) -> list[str]:
         """Stop every component; returns the names of those that were running."""
         from kdq.spark.stream_process import stop_stream
-        from kdq.traffic import stop_demo
+        from kdq.traffic.process import stop_demo
 
         # The producer first, then Airflow (its supervisor would restart the stream), then the stream.
         stopped = ["demo"] if stop_demo(self.config) else []
@@ -279,7 +279,7 @@ class LocalStack:
                 healthy = False
             detail = "Schema Registry (Apicurio, Confluent-compatible API)" if running else f"log: {registry.process.log_file}"
             result.append(ComponentStatus("registry", registry.url, running, healthy, detail))
-        from kdq.traffic import demo_process, read_stats
+        from kdq.traffic.process import demo_process, read_stats
 
         if demo_process(self.config).running():
             stats = read_stats(self.config) or {}
