@@ -28,10 +28,10 @@ Health is judged by batch progress, not by the heartbeat alone (``kdq.stream.fai
   the task fails with the error, the batch's offset ranges and the commands out (``kdq quarantine-offsets``,
   ``kdq quarantine-batch``, ``kdq stream-failure --clear``) instead of a restart loop that silently blocks
   every topic. Adding a quarantine entry unblocks it;
-* a transient failure (disk full, a storage, S3, DynamoDB or Kafka outage: ``failures.classify_failure``)
+* a transient failure (disk full, a storage, S3, DynamoDB or Kafka outage: ``kdq.stream.failures.classify_failure``)
   is recorded but never blocks: the stream is restarted with the capped backoff until the outage ends;
 * attempt N of a batch may run ``max_batch_seconds * 2^(N-1)`` before it counts as hung
-  (``failures.hung_limit``): a slow flush gets more time on every retry.
+  (``kdq.stream.failures.hung_limit``): a slow flush gets more time on every retry.
 """
 
 from __future__ import annotations
