@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 
-from kdq.traffic import ENCODING_DEFECTS, LATE, LATE_EXTRA_MS, ON_TIME, OUT_OF_ORDER, TrafficGenerator, TrafficSpec
+from kdq.traffic.generator import LATE, LATE_EXTRA_MS, ON_TIME, OUT_OF_ORDER, TrafficGenerator, TrafficSpec
+from kdq.traffic.kinds import ENCODING_DEFECTS
 
 VALID, INVALID = "valid", "invalid"
 STATUSES = (VALID, INVALID)

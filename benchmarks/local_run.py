@@ -748,7 +748,7 @@ def _say(t0: float, message: str) -> None:
 
 def wait_first_counts(stack: Any, since_ms: int, timeout: float) -> float:
     """Seconds until the stream commits a batch with counts (after ``since_ms``)."""
-    from kdq.stream_state import stream_status
+    from kdq.stream.state import stream_status
 
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -892,7 +892,7 @@ def measure_incident(stack: Any, config: Config, burst: int, t0: float,
 
 
 def code_state() -> dict:
-    from benchmarks.chaos import code_state as chaos_code_state
+    from benchmarks.chaos_setup import code_state as chaos_code_state
 
     return chaos_code_state()
 
@@ -921,7 +921,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, interrupt)
 
     from benchmarks.__main__ import machine_info
-    from benchmarks.chaos import kill_orphans
+    from benchmarks.chaos_setup import kill_orphans
     from kdq.quality_page import read_progress_log
     from kdq.stack import airflow as airflow_module
     from kdq.stack.airflow import start_product

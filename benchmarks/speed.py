@@ -1,5 +1,5 @@
 """The speed layer under load: the real ``spark_jobs/stream_counts.py`` started with spark-submit
-(``kdq.stream_process.start_stream``), catching up on a pre-loaded backlog, then fed at a fixed rate.
+(``kdq.spark.stream_process.start_stream``), catching up on a pre-loaded backlog, then fed at a fixed rate.
 
 Its own process tree is sampled for CPU and RSS (driver JVM + Python driver +
 any Python workers); throughput comes from its progress records
@@ -93,7 +93,7 @@ class StreamRun:
         self.started = 0.0
 
     def start(self) -> None:
-        from kdq.stream_process import start_stream
+        from kdq.spark.stream_process import start_stream
 
         args = [] if self.trigger_seconds is None else ["--trigger-seconds", str(self.trigger_seconds)]
         self.started = time.monotonic()
@@ -102,12 +102,12 @@ class StreamRun:
         log.info("speed layer started (pid %d), log %s", self.pid, self.config.data_dir / "stream" / "stream.log")
 
     def alive(self) -> bool:
-        from kdq.stream_process import stream_process
+        from kdq.spark.stream_process import stream_process
 
         return stream_process(self.config).running()
 
     def log_tail(self, lines: int = 40) -> str:
-        from kdq.stream_process import stream_process
+        from kdq.spark.stream_process import stream_process
 
         return stream_process(self.config).log_tail(lines)
 
@@ -145,7 +145,7 @@ class StreamRun:
         )
 
     def stop(self) -> None:
-        from kdq.stream_process import stop_stream
+        from kdq.spark.stream_process import stop_stream
 
         try:
             stop_stream(self.config, timeout=120)

@@ -224,8 +224,8 @@ def main(argv=None) -> int:
         endpoint.start(timeout=300)
         start_seconds = time.monotonic() - started
         if args.with_stream:
-            from kdq.stream_process import start_stream
-            from kdq.traffic import start_demo
+            from kdq.spark.stream_process import start_stream
+            from kdq.traffic.process import start_demo
 
             start_stream(config)
             start_demo(config, ["--rate=200"])
@@ -235,8 +235,8 @@ def main(argv=None) -> int:
         kdq_sql = kdq_sql_timings(config, args.runs)
     finally:
         if args.with_stream:
-            from kdq.stream_process import stop_stream
-            from kdq.traffic import stop_demo
+            from kdq.spark.stream_process import stop_stream
+            from kdq.traffic.process import stop_demo
 
             stop_demo(config)
             stop_stream(config)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from kdq.config import Config, check_kafka_reachable
 from kdq.job_reports import StreamReport
 from kdq.jobs import run_main
-from kdq.stream_state import StartingBeat
+from kdq.stream.state import StartingBeat
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

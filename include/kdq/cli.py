@@ -18,8 +18,8 @@ from kdq.config import Config, ConfigError, load_config
 
 
 def _up(config: Config, args: argparse.Namespace) -> int:
+    from kdq.procs import StackError
     from kdq.stack.manager import LocalStack
-    from kdq.stack.procs import StackError
 
     try:
         statuses = LocalStack(
@@ -56,7 +56,7 @@ def _status(config: Config, args: argparse.Namespace) -> int:
     statuses = LocalStack(config).status()
     for status in statuses:
         print(status.line())
-    from kdq.stream_process import describe_stream
+    from kdq.spark.stream_process import describe_stream
 
     for line in describe_stream(config):
         print(line)
@@ -68,7 +68,7 @@ def _status(config: Config, args: argparse.Namespace) -> int:
 
 
 def _stream(config: Config, args: argparse.Namespace) -> int:
-    from kdq.stream_process import child_env, start_stream, stream_process
+    from kdq.spark.stream_process import child_env, start_stream, stream_process
 
     job_args = (["--available-now"] if args.available_now else []) + (
         ["--trigger-seconds", str(args.trigger_seconds)] if args.trigger_seconds is not None else []
@@ -87,31 +87,31 @@ def _stream(config: Config, args: argparse.Namespace) -> int:
 
 
 def _stream_stop(config: Config, args: argparse.Namespace) -> int:
-    from kdq.stream_process import stop_stream
+    from kdq.spark.stream_process import stop_stream
 
     print("speed layer stopped" if stop_stream(config) else "speed layer was not running")
     return 0
 
 
 def _stream_failure(config: Config, args: argparse.Namespace) -> int:
-    from kdq import batch_failures
+    from kdq.stream import failures
 
     limit = config.stream.max_batch_failures
     if args.clear:
-        failure = batch_failures.clear_failure(config)
+        failure = failures.clear_failure(config)
         print(f"cleared the failure record of batch {failure['batch_id']}: the next supervisor run retries it"
               if failure else "no failure recorded")
         return 0
-    failure = batch_failures.read_failure(config)
+    failure = failures.read_failure(config)
     if failure is None:
         print("no failed micro-batch recorded")
     else:
-        print(batch_failures.failure_message(failure, limit))
-        if batch_failures.blocked(config, limit) is None:
+        print(failures.failure_message(failure, limit))
+        if failures.blocked(config, limit) is None:
             print(f"(attempt {failure['attempts']} of {limit}: the supervisor still restarts it)")
-    entries = batch_failures.read_quarantine(config)
+    entries = failures.read_quarantine(config)
     if entries:
-        print("\nQuarantined offset ranges (" + batch_failures.state_dir(config).joinpath(batch_failures.QUARANTINE).as_posix() + "):")
+        print("\nQuarantined offset ranges (" + failures.state_dir(config).joinpath(failures.QUARANTINE).as_posix() + "):")
         for e in entries:
             print(f"  #{e['id']} {e['topic']} partition {e['partition']}: offsets {e['from_offset']}..{e['to_offset']}"
                   f" - {e['reason']}")
@@ -119,14 +119,14 @@ def _stream_failure(config: Config, args: argparse.Namespace) -> int:
 
 
 def _print_quarantined(config: Config, added: list[dict]) -> int:
-    from kdq import batch_failures
+    from kdq.stream import failures
 
     for e in added:
         print(f"quarantined #{e['id']}: {e['topic']} partition {e['partition']} offsets "
               f"{e['from_offset']}..{e['to_offset']} ({e['reason']})")
-    failure = batch_failures.read_failure(config)
+    failure = failures.read_failure(config)
     if failure is not None:
-        hits = batch_failures.overlapping(added, failure.get("ranges") or [])
+        hits = failures.overlapping(added, failure.get("ranges") or [])
         if failure.get("ledger_written"):
             print(f"note: batch {failure['batch_id']} failed after its ledger entry was written: the quarantine "
                   "cannot change it (see `kdq stream-failure`)")
@@ -139,11 +139,11 @@ def _print_quarantined(config: Config, added: list[dict]) -> int:
 
 
 def _quarantine_offsets(config: Config, args: argparse.Namespace) -> int:
-    from kdq import batch_failures
+    from kdq.stream import failures
 
     ranges = [{"topic": args.topic, "partition": args.partition, "from": args.from_offset, "to": args.to_offset}]
     try:
-        added = batch_failures.add_quarantine(config, ranges, args.reason)
+        added = failures.add_quarantine(config, ranges, args.reason)
     except ValueError as exc:
         print(f"kdq quarantine-offsets: {exc}", file=sys.stderr)
         return 2
@@ -151,28 +151,28 @@ def _quarantine_offsets(config: Config, args: argparse.Namespace) -> int:
 
 
 def _quarantine_batch(config: Config, args: argparse.Namespace) -> int:
-    from kdq import batch_failures
+    from kdq.stream import failures
 
-    failure = batch_failures.read_failure(config)
+    failure = failures.read_failure(config)
     if failure is not None and failure["batch_id"] == args.batch_id and failure.get("ranges"):
         ranges = failure["ranges"]
     else:
-        ranges = batch_failures.offset_ranges(batch_failures.checkpoint_of(config), args.batch_id)
+        ranges = failures.offset_ranges(failures.checkpoint_of(config), args.batch_id)
     if args.topic:
         ranges = [r for r in ranges if r["topic"] in args.topic]
     if not ranges:
         print(f"kdq quarantine-batch: no offset ranges of batch {args.batch_id}"
               + (f" for topics {', '.join(args.topic)}" if args.topic else ""), file=sys.stderr)
         return 1
-    return _print_quarantined(config, batch_failures.add_quarantine(config, ranges, args.reason))
+    return _print_quarantined(config, failures.add_quarantine(config, ranges, args.reason))
 
 
 def _submit(config: Config, job: str, job_args: list[str]) -> int:
     import os
     import subprocess
 
+    from kdq.spark.stream_process import child_env
     from kdq.spark.submit import submit_command
-    from kdq.stream_process import child_env
 
     command = submit_command(config, job, job_args)
     return subprocess.call(command, env={**os.environ, **child_env(config)}, cwd=config.base_dir)
@@ -195,6 +195,7 @@ def _job(config: Config, args: argparse.Namespace) -> int:
 def _sql_endpoint(config: Config, args: argparse.Namespace) -> int:
     """The SQL endpoint in the foreground (a container's main process): the same spark-submit command as
     the local stack's, bound to ``--host``; replaces this process, so signals reach the endpoint itself."""
+    from kdq.spark.stream_process import child_env
     from kdq.stack.sql_endpoint import (
         PASSWORD_ENV,
         TLS_KEYSTORE_ENV,
@@ -205,7 +206,6 @@ def _sql_endpoint(config: Config, args: argparse.Namespace) -> int:
         security_check,
         self_signed_keystore,
     )
-    from kdq.stream_process import child_env
 
     try:
         keystore = os.environ.get(TLS_KEYSTORE_ENV)
@@ -273,7 +273,8 @@ BURST_TOPICS = "orders"
 
 
 def _demo_spec(config: Config, args: argparse.Namespace):
-    from kdq.traffic import TrafficSpec, default_topics, parse_topics
+    from kdq.traffic.generator import TrafficSpec
+    from kdq.traffic.kinds import default_topics, parse_topics
 
     if args.burst is not None:
         # Only invalid records, now (no out-of-order or late ones), as fast as a producer sends a bad deploy's
@@ -311,7 +312,7 @@ def _demo(config: Config, args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from kdq.traffic import demo_process, main_loop, start_demo
+    from kdq.traffic.process import demo_process, main_loop, start_demo
 
     try:
         spec = _demo_spec(config, args)
@@ -343,9 +344,9 @@ def _run(config: Config, args: argparse.Namespace) -> int:
     import shlex
     import signal
 
+    from kdq.procs import StackError
     from kdq.stack.airflow import follow, print_banner, start_product
     from kdq.stack.manager import LocalStack
-    from kdq.stack.procs import StackError
 
     def interrupt(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -388,7 +389,7 @@ def _run(config: Config, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kdq.traffic import DEFAULT_TOPICS, REGISTRY_TOPICS
+    from kdq.traffic.kinds import DEFAULT_TOPICS, REGISTRY_TOPICS
 
     parser = argparse.ArgumentParser(prog="kdq", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="config file (default: $KDQ_CONFIG or kdq.toml)")
@@ -528,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kdq: configuration error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        from kdq.stack.procs import StackError
+        from kdq.procs import StackError
 
         if isinstance(exc, StackError):
             print(f"kdq: {exc}", file=sys.stderr)

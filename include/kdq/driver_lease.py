@@ -46,7 +46,7 @@ from typing import Any
 
 from kdq import storage
 from kdq.storage import Files, Location
-from kdq.stream_state import pid_alive
+from kdq.stream.state import pid_alive
 
 log = logging.getLogger("kdq.driver_lease")
 
@@ -154,7 +154,7 @@ def checkpoint_owner(config: Any, now_ms: int | None = None) -> str | None:
     """The driver that holds the stream's checkpoint, described, if a live one does, else None;
     :class:`kdq.storage.RemoteStorageUnavailable` when the checkpoint is on remote storage this process cannot
     read (no Spark session: the supervisor)."""
-    from kdq.checkpoint_offsets import speed_layer_checkpoint
+    from kdq.stream.checkpoint_offsets import speed_layer_checkpoint
 
     checkpoint = speed_layer_checkpoint(config)
     leases = read_leases(storage.files_for(checkpoint), checkpoint)

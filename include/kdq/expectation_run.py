@@ -109,8 +109,8 @@ def stream_figures(
 ) -> list[StreamFigures]:
     """The stream's latency (its last batch's oldest record: produce → counts visible) and consumer lag (summed
     over topics) from ``progress.json``, judged at the minute the batch's progress was taken; with ``now_ms``,
-    the failed attempts of the micro-batch that keeps failing (``failure``: kdq.batch_failures.read_failure, 0
-    when none) and how long the batch in flight has run (``running``: kdq.batch_failures.running_batch, 0 when
+    the failed attempts of the micro-batch that keeps failing (``failure``: kdq.stream.failures.read_failure, 0
+    when none) and how long the batch in flight has run (``running``: kdq.stream.failures.running_batch, 0 when
     none), and the minutes since the hourly recompute last ended well (:func:`minutes_since_recompute`), judged
     at now's minute."""
     health = []

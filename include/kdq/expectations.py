@@ -65,7 +65,7 @@ class TopicMinutes:
 class StreamFigures:
     """The stream's health at one wall-clock minute: end-to-end latency and consumer lag (from its progress), the
     failed attempts of a micro-batch that keeps failing and how long the batch in flight has run (from
-    kdq.batch_failures' files). None: not measured."""
+    kdq.stream.failures' files). None: not measured."""
 
     minute: int
     latency_seconds: float | None = None

@@ -62,7 +62,7 @@ _TABLE_KEYS: dict[str, dict[str, Any]] = {
 _TOP_KEYS = ("invalid_ratio", "silence", "anomaly", "latency", "lag", "batch_failing", "batch_running", "recompute",
              "unruled_topic", "reason", "topic", "clear_after_minutes")
 # About the stream, so only in the defaults: its end-to-end latency and consumer lag (from its progress), a
-# micro-batch failing again and again or running too long (kdq.batch_failures' files, what the supervisor reads).
+# micro-batch failing again and again or running too long (kdq.stream.failures' files, what the supervisor reads).
 # And the batch layer's: minutes since the hourly recompute last ended well (kdq.writers_journal).
 _STREAM_KINDS = ("latency", "lag", "batch_failing", "batch_running", "recompute")
 _ENTRY_KEYS = ("match", "invalid_ratio", "silence", "anomaly", "unruled_topic", "reason", "clear_after_minutes")

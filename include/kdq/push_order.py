@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdq.config import Config
-from kdq.stream_state import atomic_write_json, read_json, state_dir
+from kdq.stream.state import atomic_write_json, read_json, state_dir
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ request in the API server would take a minute and a gigabyte; the API server kee
 again when the tables changed (:mod:`kdq.quality_cache`), so a page load never waits for it. Everything here builds SQL text and shapes
 the rows it returns, so the plugin only runs four statements (:data:`QUERIES`) and renders the model;
 unit tests feed rows without any endpoint. Stream health comes from the stream's state files
-(:mod:`kdq.stream_state`), which the API server reads on the same machine, and so do the batch jobs that
+(:mod:`kdq.stream.state`), which the API server reads on the same machine, and so do the batch jobs that
 wrote beside it in the last day (the writers journal, :mod:`kdq.writers_journal`).
 
 **Time ranges.** One instant ``now`` per page: the hour is the 60 minutes ``[m - 59 min, m + 1 min)`` with
@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import quote
 
 from kdq.sql_literals import date_literal, timestamp_literal
-from kdq.stream_state import PROGRESS_LOG, state_dir
+from kdq.stream.state import PROGRESS_LOG, state_dir
 from kdq.windows import HOUR_MS, event_hour
 from kdq.writers_journal import WriterSummary
 
@@ -436,7 +436,7 @@ def stream_health(
     stale_after_s: float = 120.0,
     writers: Sequence[WriterSummary] = (),
 ) -> StreamHealth:
-    """The stream's state files (:func:`kdq.stream_state.stream_status`) and its recent progress records
+    """The stream's state files (:func:`kdq.stream.state.stream_status`) and its recent progress records
     (``progress.jsonl``, oldest first) → health. A heartbeat older than ``stale_after_s`` reads as stopped:
     a SIGKILLed driver cannot write "stopped". ``writers``: the writers journal's summary
     (:func:`kdq.writers_journal.summarize`)."""

@@ -371,4 +371,4 @@ def summary_point(summary: SummaryConfig, topic: str, window_ms: int, groups: Ma
 
 # -- demo traffic ----------------------------------------------------------------------------------------
 
-DEMO_TOPIC = "ops.metrics"  # kdq.traffic.MeasurementsKind produces it; kdq.toml's ops_metrics summarises it
+DEMO_TOPIC = "ops.metrics"  # kdq.traffic.kinds.MeasurementsKind produces it; kdq.toml's ops_metrics summarises it

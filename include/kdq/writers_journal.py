@@ -14,7 +14,7 @@ it waited for). The jobs' waiting code feeds :data:`WAITS`, a process-wide count
 * the hourly recompute refusing an interval the stream has not committed (``StreamBehind``) and the
   maintenance skipping the archive retention while the stream is behind (``behind``).
 
-The file is ``<data_dir>/stream/writers.jsonl`` (the stream's state folder, :mod:`kdq.stream_state`), one JSON
+The file is ``<data_dir>/stream/writers.jsonl`` (the stream's state folder, :mod:`kdq.stream.state`), one JSON
 object a line, appended under an exclusive ``fcntl`` lock on ``.writers.lock`` beside it and trimmed (under
 the same lock, rewritten atomically) to the last :data:`KEEP_MS` and at most :data:`MAX_BYTES`. Readers take
 no lock and skip a torn line. ``kdq status`` (:func:`describe`) and the data-quality page
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kdq.stream_state import HEARTBEAT, WRITERS_JOURNAL, private_tmp, read_json, state_dir
+from kdq.stream.state import HEARTBEAT, WRITERS_JOURNAL, private_tmp, read_json, state_dir
 
 log = logging.getLogger("kdq.writers_journal")
 

@@ -19,8 +19,8 @@ def submit_settings(config: Any, job: str) -> dict[str, Any]:
     the kdq package (``--py-files``), and secrets of ``[spark.conf]`` in a ``--properties-file`` only this
     user can read, not on the command line. The master is the connection's (``spark_default``).
     """
+    from kdq.spark.stream_process import child_env
     from kdq.spark.submit import submission
-    from kdq.stream_process import child_env
 
     parts = submission(config, job)
     return {
@@ -181,7 +181,7 @@ class InfluxCatchUpOperator(KdqSparkJobOperator):
 
     def execute(self, context: Any) -> dict | None:
         from kdq.config import load_config
-        from kdq.stream_state import stream_status
+        from kdq.stream.state import stream_status
 
         config = load_config(self.config_path)
         pending = stream_status(config)["influx_push"].get("pending_since_ms")

@@ -155,7 +155,7 @@ def _listening(url: str) -> bool:
     """Whether something accepts TCP connections at a ``sc://host:port`` URL."""
     from urllib.parse import urlparse
 
-    from kdq.stack.procs import port_open
+    from kdq.procs import port_open
 
     parsed = urlparse(url)
     return bool(parsed.hostname) and port_open(parsed.port or 15002, host=parsed.hostname, timeout=2.0)
@@ -201,7 +201,7 @@ def _dag_runs(user: Any, run_ids: set[str]) -> list[Any]:
 def _health(config: Any, now_ms: int) -> Any:
     """Stream health from the stream's state folder, with the writers journal's last 24 h (no Spark)."""
     from kdq.quality_page import read_progress_log, stream_health
-    from kdq.stream_state import stream_status
+    from kdq.stream.state import stream_status
     from kdq.writers_journal import read_entries, summarize
 
     return stream_health(
@@ -227,7 +227,7 @@ def _generation(config: Any) -> tuple:
     appends to when it ends. Both: the endpoint's address and whether its process lives (no port probe: the
     Thrift server would log every bare connection)."""
     from kdq.storage import is_remote, local_path, tables_location
-    from kdq.stream_state import PROGRESS_LOG, state_dir
+    from kdq.stream.state import PROGRESS_LOG, state_dir
     from kdq.writers_journal import journal_path
 
     def stamp(path: Any) -> tuple[int, int] | None:

@@ -1,6 +1,6 @@
 """Keep the speed layer running: a supervisor check that (re)starts it detached, and a graceful stop.
 
-The stream runs detached (``kdq.stream_process.start_stream``) so no worker slot is held for its
+The stream runs detached (``kdq.spark.stream_process.start_stream``) so no worker slot is held for its
 lifetime; the supervisor task only looks at its heartbeat and process. Two safeguards live next to the
 heartbeat in ``<data_dir>/stream/``: ``supervisor.lock`` (an OS lock, ``flock``, held while a check runs
 and released by the kernel when its holder exits or dies, so a crashed supervisor never blocks the next
@@ -19,7 +19,7 @@ checkpoint's lease (another host, an operator's foreground run). The supervisor 
 start when the checkpoint is local, and otherwise learns it from the refused driver's record; either way
 it returns ``owned_elsewhere`` without counting a restart, and tries again after ``backoff_seconds``.
 
-Health is judged by batch progress, not by the heartbeat alone (``kdq.batch_failures``):
+Health is judged by batch progress, not by the heartbeat alone (``kdq.stream.failures``):
 
 * a micro-batch running longer than ``stream.max_batch_seconds`` is **hung**: the check logs it, records it
   as a failed attempt of that batch, stops the stream (SIGTERM, SIGKILL after
@@ -28,10 +28,10 @@ Health is judged by batch progress, not by the heartbeat alone (``kdq.batch_fail
   the task fails with the error, the batch's offset ranges and the commands out (``kdq quarantine-offsets``,
   ``kdq quarantine-batch``, ``kdq stream-failure --clear``) instead of a restart loop that silently blocks
   every topic. Adding a quarantine entry unblocks it;
-* a transient failure (disk full, a storage, S3, DynamoDB or Kafka outage: ``batch_failures.classify_failure``)
+* a transient failure (disk full, a storage, S3, DynamoDB or Kafka outage: ``kdq.stream.failures.classify_failure``)
   is recorded but never blocks: the stream is restarted with the capped backoff until the outage ends;
 * attempt N of a batch may run ``max_batch_seconds * 2^(N-1)`` before it counts as hung
-  (``batch_failures.hung_limit``): a slow flush gets more time on every retry.
+  (``kdq.stream.failures.hung_limit``): a slow flush gets more time on every retry.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from kdq.stream_state import SUPERVISOR_LOCK as LOCK_NAME
-from kdq.stream_state import SUPERVISOR_STATE as STATE_NAME
+from kdq.stream.state import SUPERVISOR_LOCK as LOCK_NAME
+from kdq.stream.state import SUPERVISOR_STATE as STATE_NAME
 
 
 class LockHeld(RuntimeError):
@@ -119,9 +119,9 @@ def ensure_stream_running(
     The batch limits, the backoff cap and the start-up limit default to the config's ``stream.*`` keys;
     ``extra_env`` goes to the started job.
     """
-    from kdq import batch_failures
-    from kdq.stream_process import start_stream, stop_stream, stream_process
-    from kdq.stream_state import heartbeat_age_seconds, last_batch_id, starting_beat, state_dir
+    from kdq.spark.stream_process import start_stream, stop_stream, stream_process
+    from kdq.stream import failures
+    from kdq.stream.state import heartbeat_age_seconds, last_batch_id, starting_beat, state_dir
 
     stream = config.stream
     max_batch_failures = stream.max_batch_failures if max_batch_failures is None else max_batch_failures
@@ -142,7 +142,7 @@ def ensure_stream_running(
             state = read_state(state_file)
             not_before_ms = int((state.get("last_restart") or 0) * 1000)
             hung = (
-                batch_failures.hung_batch(config, max_batch_seconds, not_before_ms=not_before_ms) if running else None
+                failures.hung_batch(config, max_batch_seconds, not_before_ms=not_before_ms) if running else None
             )
             if running and hung is None and age is not None and age <= stale_after_seconds:
                 if state.get("restarts"):
@@ -163,9 +163,9 @@ def ensure_stream_running(
                         "speed layer still starting after %.0fs (phase %s), longer than stream.max_startup_seconds "
                         "= %.0f: restarting it", beat["startup_seconds"], beat.get("phase"), max_startup,
                     )
-            failure = None if running else batch_failures.blocked(config, max_batch_failures)
+            failure = None if running else failures.blocked(config, max_batch_failures)
             if failure is not None:
-                raise AirflowException(batch_failures.failure_message(failure, max_batch_failures))
+                raise AirflowException(failures.failure_message(failure, max_batch_failures))
             if not running:
                 owner = _owned_elsewhere(config, state, state_file, backoff_seconds, log)
                 if owner is not None:
@@ -224,7 +224,7 @@ def _owned_elsewhere(config: Any, state: dict, state_file: Path, backoff_seconds
     owner may be gone). Either way the restart count is reset: a refused start is no crash."""
     from kdq import driver_lease
     from kdq.storage import RemoteStorageUnavailable
-    from kdq.stream_state import read_refusal
+    from kdq.stream.state import read_refusal
 
     try:
         owner = driver_lease.checkpoint_owner(config)  # the lease itself, when this process can read it
@@ -267,9 +267,9 @@ def _restart_hung(
 ) -> str:
     """A batch runs past ``max_batch_seconds``: record it as a failed attempt, stop the job, start it again
     (or, at ``max_batch_failures`` attempts, fail the task with the batch's offsets instead)."""
-    from kdq import batch_failures
-    from kdq.stream_process import start_stream, stop_stream
-    from kdq.stream_state import last_batch_id
+    from kdq.spark.stream_process import start_stream, stop_stream
+    from kdq.stream import failures
+    from kdq.stream.state import last_batch_id
 
     batch_id = hung["batch_id"]
     what = f"micro-batch {batch_id}" if batch_id is not None else "a trigger (before its batch started)"
@@ -284,10 +284,10 @@ def _restart_hung(
         log.error(message)
     failure = None
     if batch_id is not None:
-        failure = batch_failures.record_failure(config, batch_id, message, kind="hung")
+        failure = failures.record_failure(config, batch_id, message, kind="hung")
     stop_stream(config, timeout=grace)
     if failure is not None and failure["attempts"] >= max_batch_failures:
-        raise AirflowException(batch_failures.failure_message(failure, max_batch_failures))
+        raise AirflowException(failures.failure_message(failure, max_batch_failures))
     pid = start_stream(config, extra_env=extra_env)
     restarts = int(state.get("restarts") or 0) + 1
     write_state(
@@ -352,7 +352,7 @@ class StopStreamOperator(BaseOperator):
 
     def execute(self, context: Any) -> bool:
         from kdq.config import load_config
-        from kdq.stream_process import stop_stream
+        from kdq.spark.stream_process import stop_stream
 
         stopped = stop_stream(load_config(self.config_path), timeout=self.timeout)
         self.log.info("speed layer %s", "stopped" if stopped else "was not running")

@@ -307,7 +307,7 @@ def test_push_corrections_reads_the_recompute_report(submissions: Submissions, t
 
 def test_the_influx_catch_up_is_submitted_only_with_a_push_pending(submissions: Submissions, tmp_path: Path) -> None:
     from kdq.config import load_config
-    from kdq.stream_state import InfluxPushState
+    from kdq.stream.state import InfluxPushState
     from kdq_airflow.operators import InfluxCatchUpOperator
 
     config_file = _config_file(tmp_path)

@@ -87,7 +87,7 @@ def test_a_deployment_names_its_endpoint_and_the_page_uses_it(tmp_path: Path, mo
 
 
 def test_a_configured_endpoint_that_does_not_listen_is_reported_at_once(tmp_path: Path, monkeypatch) -> None:
-    from kdq.stack.procs import quiet_port
+    from kdq.procs import quiet_port
     from tests.conftest import make_config
 
     if str(PROJECT_ROOT / "plugins") not in sys.path:

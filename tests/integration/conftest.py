@@ -42,7 +42,7 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalR
     """The local stack's Schema Registry (Apicurio, storage on disk in its own data folder) for the session, on a
     port that stays its own across a restart (quiet_port); clients use ``schema_registry.url`` (the
     Confluent-compatible API). A test may stop and start it again: the same port and schemas come back."""
-    from kdq.stack.procs import quiet_port
+    from kdq.procs import quiet_port
 
     registry = LocalRegistry(make_config(tmp_path_factory.mktemp("registry")), quiet_port())
     try:
@@ -84,8 +84,8 @@ def airflow_local(local_stack: LocalStack, tmp_path_factory: pytest.TempPathFact
     backfills are exempt). The stream a supervisor DAG starts and Airflow itself are stopped (process
     groups) at the end.
     """
+    from kdq.procs import free_port
     from kdq.stack.airflow import START_DATE_ENV, LocalAirflow, floor_hour
-    from kdq.stack.procs import free_port
     from tests.integration.helpers import isolated_config, write_config_file
 
     data_dir = tmp_path_factory.mktemp("airflow")
@@ -113,7 +113,7 @@ _AIRFLOW_IN_USE: list[AirflowSetup] = []
 
 def _stop_airflow(setup: AirflowSetup) -> None:
     """Airflow and the stream its supervisor DAG started (process groups); stopping twice is harmless."""
-    from kdq.stream_process import stop_stream
+    from kdq.spark.stream_process import stop_stream
 
     setup.airflow.stop(timeout=60)
     stop_stream(setup.config, timeout=60)

@@ -62,7 +62,7 @@ def crash_then_restart(config: Config, point: str, marker: Path, master: str, ti
     died there with the injected exit code, and start it again on ``master`` (another parallelism)."""
     import psutil
 
-    from kdq.stream_process import start_stream, stream_process
+    from kdq.spark.stream_process import start_stream, stream_process
 
     env = {"KDQ_FAULT_POINT": point, "KDQ_FAULT_BATCH": "1", "KDQ_FAULT_MARKER": str(marker)}
     pid = start_stream(config, extra_env=env)

@@ -22,10 +22,10 @@ import psutil
 import pytest
 from pyspark.sql import functions as F
 
-from kdq.checkpoint_offsets import speed_layer_checkpoint
 from kdq.spark.speed_layer import app_id_for
+from kdq.spark.stream_process import stop_stream, stream_process
 from kdq.spark.writers import txn_version
-from kdq.stream_process import stop_stream, stream_process
+from kdq.stream.checkpoint_offsets import speed_layer_checkpoint
 from tests.integration.helpers import (
     W0,
     dags_test,

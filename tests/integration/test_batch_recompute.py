@@ -18,7 +18,7 @@ from spark_jobs import batch_recompute, influx_catch_up
 from kdq.rules import load_rules
 from kdq.spark.speed_layer import SpeedLayer
 from kdq.spark.writers import now_ms
-from kdq.stream_state import InfluxPushState
+from kdq.stream.state import InfluxPushState
 from tests.integration.helpers import (
     W0,
     expected_counts,

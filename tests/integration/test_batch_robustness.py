@@ -21,8 +21,8 @@ from kdq.rules import load_rules
 from kdq.spark.batch_layer import stream_caught_up
 from kdq.spark.recompute import StreamBehind
 from kdq.spark.speed_layer import SpeedLayer
+from kdq.spark.stream_process import start_stream, stop_stream, stream_process
 from kdq.spark.writers import now_ms
-from kdq.stream_process import start_stream, stop_stream, stream_process
 from tests.integration.helpers import (
     W0,
     archived_offsets,

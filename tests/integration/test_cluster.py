@@ -75,8 +75,8 @@ def cluster_config(stack: LocalStack, data_dir: Path, prefix: str, **sections: d
 def submit_job(config: Config, job: str, job_args: list[str], timeout: float = 420, **kwargs) -> dict:
     """A spark_jobs/ job submitted to the master in the foreground (what `kdq job`, `kdq recompute` and the
     Airflow DAGs' spark-submit run), with a deadline; returns its report (the last JSON line of stdout)."""
+    from kdq.spark.stream_process import child_env
     from kdq.spark.submit import submit_command
-    from kdq.stream_process import child_env
 
     command = submit_command(config, job, job_args, **kwargs)
     assert command[command.index("--master") + 1].startswith("spark://")
@@ -261,7 +261,7 @@ def _kill(pid: int) -> None:
 
 
 def test_broker_killed_mid_stream_loses_and_doubles_nothing(spark, cluster_stack: LocalStack, tmp_path: Path) -> None:
-    from kdq.stream_process import start_stream, stop_stream, stream_process
+    from kdq.spark.stream_process import start_stream, stop_stream, stream_process
 
     stack = cluster_stack
     prefix = f"ck{tmp_path.name[-6:].replace('_', '')}"
@@ -339,7 +339,7 @@ def test_worker_killed_mid_batch_of_a_100k_run_loses_and_doubles_nothing(
     worker), the master marks the worker DEAD, the driver reports the executor lost and runs the lost tasks
     again on the executor left; the application and the stream go on. The worker is then restarted as an
     operator would, and the master gives the application a new executor on it. Every output exact."""
-    from kdq.stream_process import start_stream, stop_stream, stream_process
+    from kdq.spark.stream_process import start_stream, stop_stream, stream_process
 
     stack = cluster_stack
     prefix = f"cw{tmp_path.name[-6:].replace('_', '')}"

@@ -33,9 +33,9 @@ import psutil
 import pytest
 
 from kdq.config import Config
+from kdq.procs import port_open
 from kdq.stack.airflow import AirflowApi, floor_hour
 from kdq.stack.manager import LocalStack
-from kdq.stack.procs import port_open
 from kdq.stack.spark_cluster import PRODUCT_WORKER_CORES
 from tests.conftest import PROJECT_ROOT, make_config
 from tests.integration.helpers import W0, expected_counts, influx_points, produce, wait_for, window_counts
@@ -177,7 +177,7 @@ def _xcom(api: AirflowApi, dag_id: str, run_id: str, task_id: str):
 
 @pytest.mark.timeout(2400)  # with the fixture's `kdq run --cluster --detach` (up to 25 min)
 def test_the_stream_runs_on_the_master_started_by_the_supervisor(product: Product) -> None:
-    from kdq.stream_process import stream_process
+    from kdq.spark.stream_process import stream_process
 
     statuses = {s.name: s for s in product.stack.status()}
     assert all(s.healthy for s in statuses.values()), [s.line() for s in statuses.values()]

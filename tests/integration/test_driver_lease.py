@@ -18,10 +18,11 @@ import psutil
 import pytest
 from pyspark.sql import functions as F
 
-from kdq import batch_failures, driver_lease
+from kdq import driver_lease
+from kdq.spark.stream_process import child_env, start_stream, stop_stream, stream_process
 from kdq.spark.submit import submit_command
 from kdq.storage import LOCAL_FILES
-from kdq.stream_process import child_env, start_stream, stop_stream, stream_process
+from kdq.stream import failures
 from tests.integration.helpers import (
     expected_counts,
     isolated_config,
@@ -72,7 +73,7 @@ def test_a_second_driver_refuses_and_the_first_keeps_counting(spark, local_stack
     config = write_config_file(config, tmp_path / "kdq.toml")
     topic = f"{prefix}-t"
     local_stack.kafka.create_topic(topic, partitions=3)
-    checkpoint = batch_failures.checkpoint_of(config)
+    checkpoint = failures.checkpoint_of(config)
     truth: list[tuple[int, bool]] = []
 
     # The first driver: a foreground `kdq stream` the supervisor did not start (an operator's, another host's).

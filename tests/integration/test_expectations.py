@@ -23,11 +23,11 @@ from spark_jobs import evaluate_expectations
 
 import kdq.spark.expectations
 from kdq.notify import CHANNELS_ENV, WebhookChannel
+from kdq.procs import free_port
 from kdq.spark.notify import deliver_pending
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import append_archive, delta_snapshot, merge_window_increments
-from kdq.stack.procs import free_port
-from kdq.stream_state import PROGRESS_LOG, state_dir
+from kdq.stream.state import PROGRESS_LOG, state_dir
 from kdq.tables import INCIDENT_DELIVERIES, INCIDENTS, RAW_ARCHIVE
 from kdq.windows import event_hour
 from tests.conftest import make_config
@@ -269,8 +269,8 @@ def test_a_run_killed_between_its_writes_then_two_runs_at_once_notify_each_event
     import time
 
     from kdq.spark.expectations import FAULT_ENV, evaluation_lease
+    from kdq.spark.stream_process import child_env
     from kdq.spark.submit import submit_command
-    from kdq.stream_process import child_env
     from kdq.tables import INCIDENT_NOTIFICATIONS
     from tests.integration.helpers import wait_for, write_config_file
 

@@ -133,7 +133,7 @@ def test_a_stream_killed_in_the_middle_of_a_burst_opens_and_notifies_its_inciden
     again. One incident, opened once, resolved once; one message per channel for each."""
     import psutil
 
-    from kdq.stream_process import start_stream, stop_stream, stream_process
+    from kdq.spark.stream_process import start_stream, stop_stream, stream_process
     from tests.integration.helpers import wait_for, write_config_file
 
     smtp, hook = receivers

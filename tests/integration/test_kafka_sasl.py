@@ -28,9 +28,9 @@ from confluent_kafka.admin import AdminClient
 from spark_jobs import archive_from_kafka
 
 from kdq.config import Config, ConfigError, check_kafka_reachable
+from kdq.procs import free_port
+from kdq.spark.stream_process import start_stream, stop_stream, stream_process
 from kdq.stack.kafka import KafkaSasl, LocalKafka
-from kdq.stack.procs import free_port
-from kdq.stream_process import start_stream, stop_stream, stream_process
 from tests.conftest import PROJECT_ROOT, make_config
 from tests.integration.helpers import (
     W0,

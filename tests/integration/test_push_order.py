@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 from kdq.influx import InfluxSink, Point
 from kdq.spark import batch_layer as bl
 from kdq.spark.tables import ensure_tables, table_path
-from kdq.stream_state import InfluxPushState
+from kdq.stream.state import InfluxPushState
 from kdq.tables import WINDOW_COUNTS
 from tests.integration.helpers import influx_points, influx_rows, isolated_config
 from tests.unit.test_batch_layer import _insert_counts

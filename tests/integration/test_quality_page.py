@@ -24,11 +24,11 @@ import pytest
 import requests
 from pyspark.sql import functions as F
 
+from kdq.procs import port_open
+from kdq.spark.stream_process import stop_stream, stream_process
 from kdq.stack.airflow import USERNAME
 from kdq.stack.manager import LocalStack
-from kdq.stack.procs import port_open
 from kdq.stack.sql_endpoint import LocalSqlEndpoint
-from kdq.stream_process import stop_stream, stream_process
 from tests.conftest import PROJECT_ROOT
 from tests.integration.helpers import dags_test, expected_counts, produce, wait_for, window_counts
 

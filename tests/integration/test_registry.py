@@ -13,7 +13,7 @@ import psutil
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from kdq.stack.procs import port_open
+from kdq.procs import port_open
 from kdq.stack.registry import LocalRegistry
 
 pytestmark = pytest.mark.integration

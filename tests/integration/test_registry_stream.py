@@ -303,7 +303,8 @@ def test_the_demos_avro_and_protobuf_topics_are_counted_as_produced(spark, local
     valid for the stream, every one it calls invalid is invalid."""
     import shutil
 
-    from kdq.traffic import TrafficSpec, run_demo
+    from kdq.traffic.generator import TrafficSpec
+    from kdq.traffic.producer import run_demo
 
     prefix = f"rd{tmp_path.name[-6:].replace('_', '')}"
     avro_topic, protobuf_topic = f"{prefix}-orders.avro", f"{prefix}-payments.proto"
@@ -338,7 +339,7 @@ def test_streaming_summaries_read_the_decoded_avro_records(spark, local_stack, s
                                                            registry_jvm, tmp_path) -> None:
     """A streaming summary on a registry-backed topic takes its value (a double) and its group (an enum) from the
     record the registry's schema decodes: counts, min and max per group as produced."""
-    from kdq.traffic import AvroOrdersKind, frame
+    from kdq.traffic.kinds import AvroOrdersKind, frame
     from tests.integration.helpers import summary_rows
 
     prefix = f"rs{tmp_path.name[-6:].replace('_', '')}"

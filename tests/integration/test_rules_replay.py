@@ -16,7 +16,7 @@ import psutil
 import pytest
 from pyspark.sql import functions as F
 
-from kdq.stream_process import start_stream, stop_stream, stream_process
+from kdq.spark.stream_process import start_stream, stop_stream, stream_process
 from tests.integration.helpers import (
     W0,
     isolated_config,

@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from kdq.config import Config
+from kdq.procs import port_open, quiet_port
 from kdq.stack.manager import LocalStack
-from kdq.stack.procs import port_open, quiet_port
 from kdq.stack.sql_endpoint import LocalSqlEndpoint, running_endpoint
 from tests.conftest import PROJECT_ROOT
 from tests.integration.helpers import W0, write_config_file

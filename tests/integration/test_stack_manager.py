@@ -8,8 +8,8 @@ import sys
 
 import psutil
 
+from kdq.procs import SERVICE_NICENESS, port_open
 from kdq.stack.manager import LocalStack
-from kdq.stack.procs import SERVICE_NICENESS, port_open
 from tests.conftest import PROJECT_ROOT, make_config
 
 
@@ -38,7 +38,7 @@ def test_up_status_up_down_leaves_nothing(tmp_path) -> None:
         assert f"registry       {stack.registry.url}" in status.stdout, status.stdout
         assert status.stdout.count("healthy") >= 4 and "NOT healthy" not in status.stdout
         pids = {stack.kafka.process.process().pid, stack.influx.process.process().pid, stack.registry.process.process().pid}
-        # The broker, InfluxDB and the registry give way to the SQL endpoint (kdq.stack.procs.SERVICE_NICENESS).
+        # The broker, InfluxDB and the registry give way to the SQL endpoint (kdq.procs.SERVICE_NICENESS).
         assert {psutil.Process(pid).nice() for pid in pids} == {SERVICE_NICENESS}
 
         again = _kdq(tmp_path, "up")

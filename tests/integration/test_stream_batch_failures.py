@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from kdq import batch_failures
-from kdq.stream_process import describe_stream, stop_stream, stream_process
+from kdq.spark.stream_process import describe_stream, stop_stream, stream_process
+from kdq.stream import failures
 from tests.integration.helpers import (
     expected_counts,
     isolated_config,
@@ -67,7 +67,7 @@ def _send(config, topic: str, records: list[tuple[int, bool, int]], produced: li
 
 
 def _job_died(config, attempts: int) -> bool:
-    failure = batch_failures.read_failure(config)
+    failure = failures.read_failure(config)
     return not stream_process(config).running() and failure is not None and failure["attempts"] == attempts
 
 
@@ -98,7 +98,7 @@ def test_deterministic_batch_failure_blocks_with_offsets_then_quarantine_counts_
     with pytest.raises(AirflowException) as failed:
         ensure_stream_running(config, extra_env=env)
     message = str(failed.value)
-    batch = batch_failures.read_failure(config)["batch_id"]
+    batch = failures.read_failure(config)["batch_id"]
     assert f"micro-batch {batch} failed 2 times in a row" in message, message
     assert f"KDQ_FAULT_FAIL_VALUE: cannot process record {bad} partition 1 offset 7" in message, message
     assert f"{bad} partition 1: offsets 0..17" in message and f"{good} partition 2: offsets 0..19" in message, message
@@ -139,7 +139,7 @@ def test_deterministic_batch_failure_blocks_with_offsets_then_quarantine_counts_
     reasons = (spark.read.format("delta").load(str(config.tables_dir / "invalid_reasons"))
                .where(F.col("reason") == "internal_error:quarantined").agg(F.sum("count")).first()[0])
     assert reasons == 1
-    assert batch_failures.read_failure(config) is None, "the committed batch clears its failure record"
+    assert failures.read_failure(config) is None, "the committed batch clears its failure record"
     assert ensure_stream_running(config, extra_env=env) == "healthy"
 
 
@@ -157,10 +157,10 @@ def test_hung_batch_is_detected_by_the_supervisor_and_the_job_restarted(
     env = {"KDQ_FAULT_HANG_SECONDS": "3600", "KDQ_FAULT_MARKER": str(marker)}
 
     assert ensure_stream_running(config, extra_env=env) == "restarted"
-    wait_for(lambda: marker.exists() and batch_failures.running_batch(config), 400, "the batch hangs", interval=2)
+    wait_for(lambda: marker.exists() and failures.running_batch(config), 400, "the batch hangs", interval=2)
     first = stream_process(config).process()
     assert ensure_stream_running(config, extra_env=env) == "healthy", "not hung yet: under 20 s"
-    hung = wait_for(lambda: batch_failures.hung_batch(config, 20), 60, "past stream.max_batch_seconds")
+    hung = wait_for(lambda: failures.hung_batch(config, 20), 60, "past stream.max_batch_seconds")
     status = "\n".join(describe_stream(config))
     assert f"batch {hung['batch_id']} HUNG (> stream.max_batch_seconds = 20s)" in status, status
 
@@ -168,12 +168,12 @@ def test_hung_batch_is_detected_by_the_supervisor_and_the_job_restarted(
     assert not first.is_running() or first.status() == "zombie", "the hung job was stopped"
     second = stream_process(config).process()
     assert second is not None and second.pid != first.pid
-    failure = batch_failures.read_failure(config)
+    failure = failures.read_failure(config)
     assert failure["kind"] == "hung" and failure["batch_id"] == hung["batch_id"] and failure["attempts"] == 1
 
     expected = expected_counts(topic, truth)
     wait_for(lambda: window_counts(spark, config, topic) == expected, 400, "the restarted job counts", interval=3)
     archive = spark.read.format("delta").load(str(config.tables_dir / "raw_archive")).where(F.col("topic") == topic)
     assert archive.count() == archive.select("partition", "offset").distinct().count() == len(truth)
-    wait_for(lambda: batch_failures.read_failure(config) is None, 30, "the committed batch clears the record")
+    wait_for(lambda: failures.read_failure(config) is None, 30, "the committed batch clears the record")
     assert ensure_stream_running(config, extra_env=env) == "healthy"

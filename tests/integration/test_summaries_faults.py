@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from kdq.stream_process import stop_stream
+from kdq.spark.stream_process import stop_stream
 from tests.integration.helpers import (
     crash_test_config,
     crash_then_restart,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kdq import batch_failures
-from kdq.batch_failures import classify_failure
+from kdq.stream import failures
+from kdq.stream.failures import classify_failure
 from tests.conftest import make_config
 
 TRANSIENT = [
@@ -69,24 +69,24 @@ def test_a_transient_cause_under_a_wrapper_is_transient() -> None:
 
 def test_recorded_kinds_and_what_counts(tmp_path: Path) -> None:
     config = make_config(tmp_path / "data")
-    first = batch_failures.record_failure(config, 5, "java.net.ConnectException: Connection refused")
+    first = failures.record_failure(config, 5, "java.net.ConnectException: Connection refused")
     assert (first["kind"], first["attempts"], first["transient_attempts"]) == ("transient", 0, 1)
-    second = batch_failures.record_failure(config, 5, "ValueError: bad")
+    second = failures.record_failure(config, 5, "ValueError: bad")
     assert (second["kind"], second["attempts"], second["transient_attempts"]) == ("error", 1, 1)
-    third = batch_failures.record_failure(config, 5, "HUNG: ...", kind="hung")
+    third = failures.record_failure(config, 5, "HUNG: ...", kind="hung")
     assert (third["kind"], third["attempts"], third["hung_attempts"]) == ("hung", 2, 1)
-    assert batch_failures.blocked(config, 2) is not None
-    other = batch_failures.record_failure(config, 6, "java.io.IOException: No space left on device")
+    assert failures.blocked(config, 2) is not None
+    other = failures.record_failure(config, 6, "java.io.IOException: No space left on device")
     assert (other["attempts"], other["transient_attempts"], other["hung_attempts"]) == (0, 1, 0)
 
 
 def test_hung_limit_grows_per_hung_attempt(tmp_path: Path) -> None:
     config = make_config(tmp_path / "data")
-    assert batch_failures.hung_limit(config, 9, 900) == 900
-    batch_failures.record_failure(config, 9, "HUNG", kind="hung")
-    assert batch_failures.hung_limit(config, 9, 900) == 1800
-    batch_failures.record_failure(config, 9, "HUNG", kind="hung")
-    assert batch_failures.hung_limit(config, 9, 900) == 3600
-    batch_failures.record_failure(config, 9, "java.net.ConnectException: Connection refused")
-    assert batch_failures.hung_limit(config, 9, 900) == 3600, "only hangs make the limit grow"
-    assert batch_failures.hung_limit(config, None, 900) == 900
+    assert failures.hung_limit(config, 9, 900) == 900
+    failures.record_failure(config, 9, "HUNG", kind="hung")
+    assert failures.hung_limit(config, 9, 900) == 1800
+    failures.record_failure(config, 9, "HUNG", kind="hung")
+    assert failures.hung_limit(config, 9, 900) == 3600
+    failures.record_failure(config, 9, "java.net.ConnectException: Connection refused")
+    assert failures.hung_limit(config, 9, 900) == 3600, "only hangs make the limit grow"
+    assert failures.hung_limit(config, None, 900) == 900

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kdq.cli import BURST_RATE, _demo_spec, build_parser
-from kdq.traffic import TrafficGenerator
+from kdq.traffic.generator import TrafficGenerator
 from tests.conftest import make_config
 
 

@@ -218,7 +218,7 @@ def test_the_renewing_thread_calls_on_lost_once(tmp_path: Path) -> None:
 
 def test_owner_of_a_local_checkpoint_for_the_supervisor(tmp_path: Path) -> None:
     config = make_config(tmp_path / "data")
-    from kdq.checkpoint_offsets import speed_layer_checkpoint
+    from kdq.stream.checkpoint_offsets import speed_layer_checkpoint
 
     checkpoint = Path(speed_layer_checkpoint(config))
     assert driver_lease.owner_of_checkpoint(config) is None

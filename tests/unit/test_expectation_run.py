@@ -131,7 +131,7 @@ def test_the_stream_latency_incident_persists_across_runs_that_see_one_minute() 
 
 
 def test_a_failing_and_a_hung_micro_batch_open_stream_incidents_until_the_batch_completes() -> None:
-    """batch_failing (attempts of a micro-batch that keeps failing, kdq.batch_failures) and batch_running (how
+    """batch_failing (attempts of a micro-batch that keeps failing, kdq.stream.failures) and batch_running (how
     long the batch in flight has run) are measured at each run's minute, like latency: one incident each while
     the condition lasts, resolved after clear_after_minutes of healthy runs, worsened past a level."""
     health = parse_expectations({"clear_after_minutes": 2, "batch_failing": {"attempts_above": 0, "worsen_at": [2]},

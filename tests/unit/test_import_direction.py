@@ -1,4 +1,6 @@
-"""Every import inside the kdq package points one way: no cycle between its modules.
+"""Every import inside the kdq package points one way: no cycle between its modules, nor between its rooms
+(a folder such as ``kdq/spark/``, ``kdq/stack/``, ``kdq/stream/`` or ``kdq/traffic/`` taken as one, beside the
+top-level modules), and process management (``kdq.procs``) stands on the ground floor.
 
 Imports inside functions count: they hide a cycle from Python's import machinery, not from a reader.
 """
@@ -78,9 +80,39 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert cycles({"a": {"a"}}) == [["a"]]
 
 
-def test_no_import_cycle_between_kdq_modules() -> None:
+def module_graph() -> dict[str, set[str]]:
+    """kdq module -> the kdq modules it imports (anywhere in its body)."""
     modules = kdq_modules()
     known = set(modules)
-    graph = {name: imports_of(path, known) for name, path in modules.items()}
-    assert len(modules) > 30 and graph["kdq.spark.batch_layer"], "the parser must see the package's imports"
+    return {name: imports_of(path, known) for name, path in modules.items()}
+
+
+def room(module: str) -> str:
+    """The room a module stands in: its folder under kdq (``kdq.spark.summaries.batch`` -> ``kdq.spark``), or itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycle_between_kdq_modules() -> None:
+    graph = module_graph()
+    assert len(graph) > 30 and graph["kdq.spark.batch_layer"], "the parser must see the package's imports"
+    assert graph["kdq.stream.failures"] and graph["kdq.traffic.process"], "and those of its sub-packages"
     assert cycles(graph) == [], "import cycles between kdq modules (imports inside functions count)"
+
+
+def test_no_import_cycle_between_kdq_rooms() -> None:
+    """A folder that imports a module which imports the folder back is an arrow that runs back up (the stream's
+    process on kdq.spark.submit inside kdq/stream/, while kdq.spark imports kdq.stream, would be one)."""
+    rooms: dict[str, set[str]] = {}
+    for name, targets in module_graph().items():
+        rooms.setdefault(room(name), set()).update(room(t) for t in targets if room(t) != room(name))
+    assert {"kdq.spark", "kdq.stack", "kdq.stream", "kdq.traffic"} <= set(rooms)
+    assert cycles(rooms) == [], "import cycles between kdq's folders and top-level modules"
+
+
+def test_process_management_stands_on_the_ground_floor() -> None:
+    """kdq.procs imports no kdq module, and only the CLI reaches up into the local stack (kdq.stack): the stream,
+    the demo traffic and the Spark side start their processes through kdq.procs."""
+    graph = module_graph()
+    assert graph["kdq.procs"] == set()
+    users = {name for name, targets in graph.items() if room(name) != "kdq.stack" and any(room(t) == "kdq.stack" for t in targets)}
+    assert {room(name) for name in users} <= {"kdq.cli"}, sorted(users)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 
-from kdq.stream_state import InfluxPushState
+from kdq.stream.state import InfluxPushState
 from tests.conftest import make_config
 
 PROCESSES = 4
@@ -75,7 +75,7 @@ def test_many_failures_stay_bounded_and_conservative(tmp_path) -> None:
 
 
 def test_a_state_file_from_before_the_open_list_is_cleared_as_before(tmp_path) -> None:
-    from kdq.stream_state import atomic_write_json
+    from kdq.stream.state import atomic_write_json
 
     state = InfluxPushState(make_config(tmp_path))
     atomic_write_json(state.path, {"pending_since_ms": 1_000, "failures": 3})

@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from kdq.config import Config, ConfigError, check_kafka_login, check_kafka_reachable, kafka_login_refused
+from kdq.procs import StackError
 from kdq.stack.kafka import KafkaSasl, LocalKafka
-from kdq.stack.procs import StackError
 from tests.conftest import make_config
 
 PASSWORD = "9f2c" * 16

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kdq.micro_batch import increments_of, merge_maxima
+from kdq.stream.micro_batch import increments_of, merge_maxima
 
 W0 = 1_700_000_000_000
 

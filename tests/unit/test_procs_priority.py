@@ -1,4 +1,4 @@
-"""The local stack's processes run at a lower CPU priority than the SQL endpoint (kdq.stack.procs): a managed
+"""The local stack's processes run at a lower CPU priority than the SQL endpoint (kdq.procs): a managed
 process is started under ``nice``, its threads and children inherit it, and the endpoint's keeps the default."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from kdq.stack.procs import INTERACTIVE_NICENESS, SERVICE_NICENESS, ManagedProcess, niced
+from kdq.procs import INTERACTIVE_NICENESS, SERVICE_NICENESS, ManagedProcess, niced
 from kdq.stack.sql_endpoint import LocalSqlEndpoint
 from tests.conftest import make_config
 

@@ -72,8 +72,8 @@ def test_poison_switch_fails_unless_the_record_is_quarantined(spark) -> None:
 def test_quarantine_decision_is_taken_before_the_ledger_and_replayed_after_it(spark, tmp_path) -> None:
     import json
 
-    from kdq import batch_failures
     from kdq.spark.speed_layer import SpeedLayer
+    from kdq.stream import failures
     from tests.conftest import make_config
 
     config = make_config(tmp_path / "data")
@@ -86,17 +86,17 @@ def test_quarantine_decision_is_taken_before_the_ledger_and_replayed_after_it(sp
         assert layer._decide_quarantine(5) == []  # no list: nothing read, nothing recorded
         assert not (checkpoint / "kdq_quarantine").exists()
 
-        batch_failures.add_quarantine(config, [{"topic": "t", "partition": 0, "from": 2, "to": 3}], "other batch")
-        batch_failures.add_quarantine(config, [{"topic": "t", "partition": 0, "from": 12, "to": 12}], "bug")
+        failures.add_quarantine(config, [{"topic": "t", "partition": 0, "from": 2, "to": 3}], "other batch")
+        failures.add_quarantine(config, [{"topic": "t", "partition": 0, "from": 12, "to": 12}], "bug")
         assert [e["id"] for e in layer._decide_quarantine(5)] == [2]  # only the entry inside batch 5 (10..19)
 
         # The operator adds a range before the batch reached its ledger entry: the next attempt applies it.
-        batch_failures.add_quarantine(config, [{"topic": "t", "partition": 0, "from": 15, "to": 16}], "more")
+        failures.add_quarantine(config, [{"topic": "t", "partition": 0, "from": 15, "to": 16}], "more")
         assert [e["id"] for e in layer._decide_quarantine(5)] == [2, 3]
 
         # Once the ledger entry exists, a replay keeps the recorded decision, whatever the list says now.
         layer.ledger.write({"batch_id": 5, "ingest_time_ms": 1, "max_event_ms_before": {}, "max_event_ms_after": {}})
-        batch_failures.add_quarantine(config, [{"topic": "t", "partition": 0, "from": 18, "to": 18}], "late")
+        failures.add_quarantine(config, [{"topic": "t", "partition": 0, "from": 18, "to": 18}], "late")
         fresh = SpeedLayer(spark, config, load_rules(PROJECT_ROOT / "config" / "rules"), checkpoint=checkpoint)
         try:
             assert [e["id"] for e in fresh._decide_quarantine(5)] == [2, 3]

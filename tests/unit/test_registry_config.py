@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kdq.config import ConfigError, load_config
+from kdq.procs import StackError
 from kdq.stack.manager import LocalStack
-from kdq.stack.procs import StackError
 from kdq.stack.registry import LocalRegistry
 from tests.conftest import make_config
 

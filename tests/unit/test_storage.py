@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kdq import batch_failures, storage
-from kdq.checkpoint_offsets import batch_offset_ranges, passed_offsets, speed_layer_checkpoint
+from kdq import storage
 from kdq.config import ConfigError
 from kdq.spark.session import spark_conf, storage_jars
 from kdq.spark.tables import table_path
+from kdq.stream import failures
+from kdq.stream.checkpoint_offsets import batch_offset_ranges, passed_offsets, speed_layer_checkpoint
 from kdq.tables import RAW_ARCHIVE, WINDOW_COUNTS
 from tests.conftest import make_config
 
@@ -36,7 +37,7 @@ def test_a_storage_uri_keeps_tables_checkpoints_and_warehouse_there_and_local_st
     assert config.paths.storage_uri == "s3a://bucket/kdq"  # the trailing / dropped
     assert table_path(config, RAW_ARCHIVE) == "s3a://bucket/kdq/delta/raw_archive"
     assert speed_layer_checkpoint(config) == "s3a://bucket/kdq/checkpoints/speed_layer"
-    assert batch_failures.checkpoint_of(config) == "s3a://bucket/kdq/checkpoints/speed_layer"
+    assert failures.checkpoint_of(config) == "s3a://bucket/kdq/checkpoints/speed_layer"
     assert storage.warehouse_location(config) == "s3a://bucket/kdq/warehouse"
     assert config.state_file == tmp_path / "data" / "stack" / "state.json"
     with pytest.raises(ConfigError, match="paths.storage_uri"):
@@ -125,11 +126,11 @@ def test_checkpoint_readers_work_on_a_remote_checkpoint_through_the_registered_f
     try:
         with pytest.raises(storage.RemoteStorageUnavailable, match="no Spark session"):
             batch_offset_ranges("s3a://b/cp", 1)
-        assert batch_failures.pending_batch("s3a://b/cp") is None  # a supervisor without Spark: unknown
-        assert batch_failures.offset_ranges("s3a://b/cp", 1) == []
+        assert failures.pending_batch("s3a://b/cp") is None  # a supervisor without Spark: unknown
+        assert failures.offset_ranges("s3a://b/cp", 1) == []
         storage.use_remote_files(remote)
         for checkpoint in (str(local), "s3a://b/cp"):
-            assert batch_failures.pending_batch(checkpoint) == 1
+            assert failures.pending_batch(checkpoint) == 1
             assert passed_offsets(checkpoint) == {("a", 0): 4}
             assert [(r.topic, r.partition, r.start, r.end) for r in batch_offset_ranges(checkpoint, 1)] == [("a", 0, 4, 9)]
     finally:

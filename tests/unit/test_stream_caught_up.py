@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kdq.checkpoint_offsets import finished_batches_before
+from kdq.stream.checkpoint_offsets import finished_batches_before
 
 END = 1_700_003_600_000  # the interval's end
 BEFORE, AFTER = END - 2_000, END + 2_000
@@ -82,8 +82,8 @@ def test_every_batch_committed_is_caught_up_even_before_the_end(tmp_path: Path) 
 
 def test_the_batch_layer_waits_for_a_batch_still_classifying(spark, tmp_path: Path) -> None:
     """The check the hourly recompute and the retention call (before the fix: True, from the ledger alone)."""
-    from kdq.checkpoint_offsets import speed_layer_checkpoint
     from kdq.spark import batch_layer
+    from kdq.stream.checkpoint_offsets import speed_layer_checkpoint
     from tests.conftest import make_config
 
     config = make_config(tmp_path)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kdq.spark.stream_process import stream_process
 from kdq.spark.submit import submit_command
-from kdq.stream_process import stream_process
 from tests.conftest import make_config
 
 STORAGE = {
@@ -44,8 +44,8 @@ def test_the_marker_without_a_submittable_config_is_the_same(tmp_path: Path) -> 
 def test_status_shows_the_last_batchs_end_to_end_latency(tmp_path: Path) -> None:
     import time
 
-    from kdq import stream_state
-    from kdq.stream_process import describe_stream
+    from kdq.spark.stream_process import describe_stream
+    from kdq.stream import state as stream_state
 
     config = make_config(tmp_path)
     folder = stream_state.state_dir(config)
@@ -66,7 +66,7 @@ def test_a_process_between_two_execs_is_still_the_managed_one() -> None:
     """spark-submit execs spark-class, which execs java: for a moment /proc/<pid>/cmdline reads empty (39 of
     79,700 samples of `spark-submit --version` here). The pid file named the process, so it is still ours; taken
     for gone, a benchmark reported a starting stream as exited and a supervisor could start a second driver."""
-    from kdq.stack.procs import is_marked
+    from kdq.procs import is_marked
 
     assert is_marked([], "--conf=spark.sql.warehouse.dir=/x")
     assert is_marked(["java", "--conf", "spark.sql.warehouse.dir=/x"], "spark.sql.warehouse.dir=/x")

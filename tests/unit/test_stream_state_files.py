@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from kdq.stream_state import atomic_write_json, read_json
+from kdq.stream.state import atomic_write_json, read_json
 
 
 def test_threads_of_one_process_replace_a_state_file_at_once(tmp_path: Path) -> None:

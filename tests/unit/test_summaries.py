@@ -268,7 +268,7 @@ def test_summaries_load_from_the_file_and_duplicates_are_refused(tmp_path) -> No
 
 
 def test_the_demo_config_defines_a_summary_for_the_demo_traffic() -> None:
-    from kdq.traffic import TrafficGenerator, TrafficSpec
+    from kdq.traffic.generator import TrafficGenerator, TrafficSpec
     from tests.conftest import PROJECT_ROOT
 
     config = load_config(PROJECT_ROOT / "kdq.toml", env={})

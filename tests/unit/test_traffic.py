@@ -12,8 +12,7 @@ import math
 import jsonschema
 import pytest
 
-from kdq.traffic import (
-    KINDS,
+from kdq.traffic.generator import (
     LATE,
     LATE_EXTRA_MS,
     ON_TIME,
@@ -21,8 +20,8 @@ from kdq.traffic import (
     RateLimiter,
     TrafficGenerator,
     TrafficSpec,
-    parse_topics,
 )
+from kdq.traffic.kinds import KINDS, parse_topics
 from tests.conftest import PROJECT_ROOT
 
 NOW = 1_795_370_000_000
@@ -217,7 +216,7 @@ def test_registry_kinds_frame_their_values_and_every_defect_breaks_them() -> Non
     says; a registry kind without a registered id is refused at the start."""
     import fastavro
 
-    from kdq.traffic import AVRO_ORDER_SCHEMA, UNKNOWN_SCHEMA_ID_BASE, RegistryKind
+    from kdq.traffic.kinds import AVRO_ORDER_SCHEMA, UNKNOWN_SCHEMA_ID_BASE, RegistryKind
 
     topics = (("orders.avro", "avro_orders"), ("payments.proto", "protobuf_payments"))
     ids = {"orders.avro": 7, "payments.proto": 8}

@@ -12,9 +12,9 @@ from __future__ import annotations
 import datetime as dt
 
 from kdq.config import StreamConfig
-from kdq.micro_batch import increments_of, merge_maxima
 from kdq.rules import load_rules
 from kdq.spark import transforms
+from kdq.stream.micro_batch import increments_of, merge_maxima
 from tests.conftest import PROJECT_ROOT
 
 T0 = 1_700_000_000_000

@@ -46,7 +46,6 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kdq.checkpoint_offsets import OffsetRange, passed_offsets, speed_layer_checkpoint
 from kdq.config import Config
 from kdq.job_reports import ArchiveReport
 from kdq.rules import RuleSet
@@ -54,6 +53,7 @@ from kdq.spark import transforms
 from kdq.spark.kafka_fallback import KAFKA_SOURCE_SCHEMA, is_record_conversion_error, read_ranges
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import now_ms, retry_on_conflict
+from kdq.stream.checkpoint_offsets import OffsetRange, passed_offsets, speed_layer_checkpoint
 from kdq.tables import RAW_ARCHIVE
 from kdq.windows import topic_selected
 

@@ -408,9 +408,9 @@ def _merge_absolute(spark: SparkSession, config: Config, changed: Sequence[dict]
 
 def stream_caught_up(spark: SparkSession, config: Config, end_ms: int) -> bool | None:
     """Whether every stream micro-batch with an ingest time before ``end_ms`` has committed (None: no stream
-    ran); :func:`kdq.checkpoint_offsets.finished_batches_before` on the speed layer's checkpoint (``spark``'s
+    ran); :func:`kdq.stream.checkpoint_offsets.finished_batches_before` on the speed layer's checkpoint (``spark``'s
     session reads a remote one). When this is false, rows may still arrive for the interval: run it later."""
-    from kdq.checkpoint_offsets import finished_batches_before, speed_layer_checkpoint
+    from kdq.stream.checkpoint_offsets import finished_batches_before, speed_layer_checkpoint
 
     del spark  # the session registered the Hadoop FileSystem remote checkpoints are read with
     return finished_batches_before(speed_layer_checkpoint(config), end_ms)
@@ -566,10 +566,10 @@ def influx_catch_up(
     re-pushing is harmless, and each chunk is read at the latest version just
     before it is written, never replacing a newer point (:mod:`kdq.push_order`).
     Afterwards the pending state forgets the failures recorded before this run
-    started that it covered (:meth:`kdq.stream_state.InfluxPushState.clear`):
+    started that it covered (:meth:`kdq.stream.state.InfluxPushState.clear`):
     one recorded while it ran, or pending from before ``since_ms``, stays.
     """
-    from kdq.stream_state import InfluxPushState
+    from kdq.stream.state import InfluxPushState
 
     ensure_tables(spark, config)
     state = InfluxPushState(config)

@@ -35,7 +35,6 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from kdq.batch_failures import read_failure, running_batch
 from kdq.config import Config
 from kdq.driver_lease import DriverLease, LeaseHeld, describe
 from kdq.expectation_run import (
@@ -53,7 +52,8 @@ from kdq.job_reports import ExpectationsReport
 from kdq.rules import load_rules
 from kdq.spark.tables import table_path
 from kdq.spark.writers import delta_snapshot, insert_absent, retry_on_conflict
-from kdq.stream_state import stream_status
+from kdq.stream.failures import read_failure, running_batch
+from kdq.stream.state import stream_status
 from kdq.tables import INCIDENT_NOTIFICATIONS, INCIDENTS, INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.windows import range_hours
 from kdq.writers_journal import read_entries

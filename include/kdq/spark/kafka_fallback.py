@@ -26,9 +26,9 @@ from collections.abc import Iterable
 
 from pyspark.sql import DataFrame, SparkSession
 
-from kdq.checkpoint_offsets import EARLIEST, OffsetRange, batch_offset_ranges
 from kdq.config import Config
 from kdq.storage import Location
+from kdq.stream.checkpoint_offsets import EARLIEST, OffsetRange, batch_offset_ranges
 
 log = logging.getLogger("kdq.stream")
 

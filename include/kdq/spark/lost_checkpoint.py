@@ -54,12 +54,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq import storage
-from kdq.checkpoint_offsets import batch_ids
 from kdq.config import Config, ConfigError
 from kdq.spark.stream_cut import _txn, read_at
 from kdq.spark.tables import table_path
 from kdq.spark.writers import append_reason_rows, delta_snapshot
 from kdq.storage import Location
+from kdq.stream.checkpoint_offsets import batch_ids
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.windows import topic_selected
 

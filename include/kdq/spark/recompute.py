@@ -8,7 +8,7 @@ tables); :func:`push_interval` is the push alone, for the DAG that recomputes wi
 pushes in a task of its own. Both return their typed report (:mod:`kdq.job_reports`).
 
 An InfluxDB push that fails does not fail the run: Delta and the metrics topic are done, the failure is
-recorded in the stream's push state (:class:`kdq.stream_state.InfluxPushState`) for the InfluxDB
+recorded in the stream's push state (:class:`kdq.stream.state.InfluxPushState`) for the InfluxDB
 catch-up, and the report says ``ok = false``.
 """
 
@@ -27,7 +27,7 @@ from kdq.spark.retention import read_retired
 from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections, recompute_summaries
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import now_ms
-from kdq.stream_state import InfluxPushState
+from kdq.stream.state import InfluxPushState
 from kdq.tables import RAW_ARCHIVE
 from kdq.writers_journal import WAITS
 

@@ -127,8 +127,8 @@ def offset_gaps(spark, config: Config, ranges: list[dict]) -> list[dict]:
 
 def verify_gaps(config: Config, partitions: list[dict]) -> list[dict]:
     """Keep only the gaps (and the missing count) of offsets Kafka returns to a read_committed reader."""
-    from kdq.checkpoint_offsets import OffsetRange
     from kdq.spark.kafka_fallback import read_ranges
+    from kdq.stream.checkpoint_offsets import OffsetRange
 
     for entry in partitions:
         if not entry["gaps"]:

@@ -54,12 +54,10 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
-from kdq import batch_failures, storage, stream_state
-from kdq.checkpoint_offsets import speed_layer_checkpoint
+from kdq import storage
 from kdq.config import Config
 from kdq.influx import InfluxSink, InfluxWriteError, Point
 from kdq.metrics_topic import ensure_metrics_topic, metrics_producer, produce_counts
-from kdq.micro_batch import increments_of, merge_maxima
 from kdq.push_order import push_lock, versioned_count_points
 from kdq.rules import RuleSet
 from kdq.spark import transforms
@@ -76,7 +74,11 @@ from kdq.spark.writers import (
     now_ms,
     txn_version,
 )
-from kdq.stream_state import InfluxPushState
+from kdq.stream import failures
+from kdq.stream import state as stream_state
+from kdq.stream.checkpoint_offsets import speed_layer_checkpoint
+from kdq.stream.micro_batch import increments_of, merge_maxima
+from kdq.stream.state import InfluxPushState
 from kdq.tables import RAW_ARCHIVE
 from kdq.windows import subscribe_pattern
 
@@ -437,7 +439,7 @@ class SpeedLayer:
         the same id by its Kafka offset ranges (Spark's offset log)."""
         archive = self.spark.read.format("delta").load(self._archive_path)
         rows = archive.where((F.col("batch_id") == batch_id) & (F.col("source") == "stream"))
-        ranges = batch_failures.offset_ranges(self.checkpoint, batch_id)
+        ranges = failures.offset_ranges(self.checkpoint, batch_id)
         if ranges:
             scope = F.lit(False)
             for r in ranges:
@@ -484,7 +486,7 @@ class SpeedLayer:
     def _before_batch(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """First thing of every micro-batch: record its start (the supervisor's hung-batch check), decide
         which quarantined ranges apply, and mark their records so classify skips the classifier for them."""
-        batch_failures.batch_started(self.config, batch_id)
+        failures.batch_started(self.config, batch_id)
         self.faults.maybe_hang(batch_id)
         # Archived by an earlier attempt (the archive append is a batch's first output): then its archived rows
         # are its verdicts, whatever this attempt's clock, rules or quarantine list would say.
@@ -519,7 +521,7 @@ class SpeedLayer:
         says now. Without a quarantine list this costs one stat per batch (plus one on a replay).
         """
         replay = self.ledger.read(batch_id) is not None or self._archived
-        if not replay and not batch_failures.quarantine_in_use(self.config):
+        if not replay and not failures.quarantine_in_use(self.config):
             return []
         if self._quarantine_decisions is None:
             self._quarantine_decisions = BatchLedger(self.spark, str(self.checkpoint), directory="kdq_quarantine")
@@ -527,9 +529,9 @@ class SpeedLayer:
         if replay:
             recorded = decisions.read(batch_id)
             return list(recorded["entries"]) if recorded else []
-        entries = batch_failures.read_quarantine(self.config)
-        ranges = batch_failures.offset_ranges(self.checkpoint, batch_id)
-        applied = batch_failures.overlapping(entries, ranges) if ranges else entries
+        entries = failures.read_quarantine(self.config)
+        ranges = failures.offset_ranges(self.checkpoint, batch_id)
+        applied = failures.overlapping(entries, ranges) if ranges else entries
         previous = decisions.read(batch_id)
         if previous is not None and previous["entries"] != applied:
             # Safe to replace non-atomically: without a ledger entry, a missing decision is taken afresh.
@@ -682,7 +684,7 @@ class ProgressRecorder(StreamingQueryListener):
                 out.write(json.dumps(record, default=str) + "\n")
             stream_state.atomic_write_json(self.dir / stream_state.PROGRESS, record)
         self.heartbeat("running", {"last_batch_id": progress.batchId})
-        batch_failures.batch_finished(self.layer.config, progress.batchId)  # done; clears its failure
+        failures.batch_finished(self.layer.config, progress.batchId)  # done; clears its failure
         self._trim()
 
     def _trim(self) -> None:

@@ -33,10 +33,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq import storage
-from kdq.checkpoint_offsets import batch_timestamp_ms, speed_layer_checkpoint
 from kdq.config import Config
 from kdq.spark.tables import table_path
 from kdq.spark.writers import delta_snapshot
+from kdq.stream.checkpoint_offsets import batch_timestamp_ms, speed_layer_checkpoint
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.writers_journal import WAITS
 

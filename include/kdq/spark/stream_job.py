@@ -12,12 +12,12 @@ One driver per checkpoint: before anything else the driver takes the checkpoint'
 that driver; ``driver_refused.json`` tells the supervisor it is no crash), and a renewal that finds it
 was taken over stops the query at once (fenced). A graceful stop releases the lease.
 
-From its first line until the query runs the driver beats ``starting`` (``kdq.stream_state.StartingBeat``,
+From its first line until the query runs the driver beats ``starting`` (``kdq.stream.state.StartingBeat``,
 with the start-up phase), so a long start-up is not mistaken for a hang. A heartbeat is written every 5 s
 between batches too, so a supervisor can tell "idle" from "hung".
 When the query dies, the batch it was running (planned in the offset log, not committed) is recorded
 with the error and its offset ranges in ``<data_dir>/stream/batch_failure.json``
-(:mod:`kdq.batch_failures`): the supervisor counts consecutive failures of that batch.
+(:mod:`kdq.stream.failures`): the supervisor counts consecutive failures of that batch.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from kdq import stream_state
 from kdq.config import Config
 from kdq.driver_lease import DriverLease
 from kdq.job_reports import StreamReport
-from kdq.stream_state import StartingBeat
+from kdq.stream import state as stream_state
+from kdq.stream.state import StartingBeat
 
 log = logging.getLogger("kdq.stream")
 
@@ -187,17 +187,17 @@ def _run_owned(
 
 def record_batch_failure(config: Config, checkpoint, message: str) -> None:
     """The batch the query died in (planned, not committed), recorded for the supervisor (never raises)."""
-    from kdq import batch_failures
+    from kdq.stream import failures
 
     try:
-        batch_id = batch_failures.pending_batch(checkpoint)
+        batch_id = failures.pending_batch(checkpoint)
         if batch_id is None:
             log.error("no micro-batch was in flight: nothing recorded in batch_failure.json")
             return
-        failure = batch_failures.record_failure(config, batch_id, message, checkpoint=checkpoint)
+        failure = failures.record_failure(config, batch_id, message, checkpoint=checkpoint)
         log.error(
             "micro-batch %d failed (attempt %d in a row); offset ranges:\n%s",
-            batch_id, failure["attempts"], "\n".join(batch_failures.format_ranges(failure["ranges"])),
+            batch_id, failure["attempts"], "\n".join(failures.format_ranges(failure["ranges"])),
         )
     except Exception:  # the job exits non-zero anyway
         log.exception("could not record the failed micro-batch")

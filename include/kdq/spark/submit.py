@@ -60,7 +60,7 @@ BACKGROUND_JOBS = {"maintenance": 1}  # job -> its cores
 # mode, its tasks give way to the stream and the SQL endpoint when the cores are busy (benchmarks.local_run: the
 # hourly recompute and the maintenance at the stream's priority made its batches 1.2x slower and SQL 1.2-1.6x).
 LONG_RUNNING_JOBS = frozenset({"stream_counts", "sql_endpoint"})
-BATCH_NICENESS = 10  # relative: the local stack's Airflow already runs at kdq.stack.procs.SERVICE_NICENESS
+BATCH_NICENESS = 10  # relative: the local stack's Airflow already runs at kdq.procs.SERVICE_NICENESS
 # Batch jobs someone waits for within the minute: the expectations run (an incident opens within a minute of its
 # records) stays out of the idle class, which on a saturated machine could hold it for minutes; nice only.
 PROMPT_BATCH_JOBS = frozenset({"evaluate_expectations"})
@@ -150,7 +150,7 @@ MARKER_KEY = "spark.sql.warehouse.dir"
 
 def process_marker(config: Config, job: str) -> str:
     """A fragment of ``job``'s spark-submit command line (:func:`submit_command`) by which a process is recognised
-    as that job of this deployment (``kdq.stream_process``): built from the same settings as the command line, so
+    as that job of this deployment (``kdq.spark.stream_process``): built from the same settings as the command line, so
     the two cannot disagree (with ``paths.storage_uri`` they once did, and a second driver went unseen)."""
     try:
         value = submission_conf(config, job)[MARKER_KEY]

@@ -25,7 +25,7 @@ INVALID = "invalid"
 BAD_TIMESTAMP = "bad_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
 SCHEMA_PREFIX = "schema:"
-# Records of an operator's quarantined offset ranges (kdq.batch_failures): the speed layer marks
+# Records of an operator's quarantined offset ranges (kdq.stream.failures): the speed layer marks
 # them with this column; classify never runs the classifier on them and counts them invalid with this reason.
 QUARANTINED_COLUMN = "__kdq_quarantined"
 QUARANTINED = "internal_error:quarantined"
@@ -174,7 +174,7 @@ def batch_aggregates(classified: DataFrame) -> DataFrame:
     """Everything a micro-batch needs to know, in one aggregation (one Spark job):
     rows per (topic, window_start, valid, reason, counted), with the largest
     trustworthy event time, capped at the ingest time (the watermark's input).
-    :mod:`kdq.micro_batch` turns the (small) result
+    :mod:`kdq.stream.micro_batch` turns the (small) result
     into window increments, reason increments and per-topic statistics."""
     trusted = _trusted_clock()
     watermark_input = _watermark_input()
@@ -300,7 +300,7 @@ def one_row_per_record(archived: DataFrame) -> DataFrame:
 
 def reason_counts(rows: DataFrame, reasons_window_seconds: int) -> DataFrame:
     """(topic, window_start, reason, count) of the invalid ``rows`` per coarse reasons window: the shape of
-    the ``invalid_reasons`` table (the stream sums the same in Python, :mod:`kdq.micro_batch`)."""
+    the ``invalid_reasons`` table (the stream sums the same in Python, :mod:`kdq.stream.micro_batch`)."""
     size = int(reasons_window_seconds) * 1000
     return (
         rows.where(~F.col("valid"))

@@ -43,7 +43,7 @@ import requests
 
 from kdq.airflow_pools import BATCH_POOL, BATCH_POOL_DESCRIPTION, BATCH_POOL_SLOTS
 from kdq.config import Config
-from kdq.stack.procs import ManagedProcess, StackError, free_port, port_open, wait_until
+from kdq.procs import ManagedProcess, StackError, free_port, port_open, wait_until
 from kdq.stack.spark_cluster import product_caps_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -192,7 +192,7 @@ class LocalAirflow:
 
     def env(self) -> dict[str, str]:
         """Every Airflow setting of the local instance, as ``AIRFLOW__*`` variables (plus kdq's own)."""
-        from kdq.stream_process import child_env
+        from kdq.spark.stream_process import child_env
 
         settings = self._settings()
         env = {
@@ -347,7 +347,7 @@ def start_product(stack: Any, demo_args: list[str], started: float | None = None
 
     Returns the start time (``time.monotonic()``) for :func:`follow`, or None when the stack is unhealthy.
     """
-    from kdq.traffic import start_demo
+    from kdq.traffic.process import start_demo
 
     started = time.monotonic() if started is None else started
     statuses = stack.up()
@@ -380,8 +380,8 @@ def warm_quality_page(url: str) -> None:
 
 
 def print_banner(stack: Any) -> None:
-    from kdq.stream_process import stream_process
-    from kdq.traffic import demo_process
+    from kdq.spark.stream_process import stream_process
+    from kdq.traffic.process import demo_process
 
     airflow = stack.airflow
     spark = getattr(stack, "spark", None)
@@ -416,8 +416,8 @@ Stop everything: Ctrl-C here, or `make stop` in another terminal.
 def follow(stack: Any, started: float, poll_seconds: float = 5.0, report_seconds: float = 60.0) -> None:
     """Print milestones (supervisor run, stream up, first counts), then a status line a minute, until
     Airflow is no longer running (``make stop``) or Ctrl-C (KeyboardInterrupt, handled by the caller)."""
-    from kdq.stream_state import stream_status
-    from kdq.traffic import read_stats
+    from kdq.stream.state import stream_status
+    from kdq.traffic.process import read_stats
 
     api = stack.airflow.api()
     pending = {"supervisor": True, "stream": True, "counts": True}
@@ -462,7 +462,7 @@ def _standalone(argv: list[str]) -> None:
     """``python -m kdq.stack.airflow standalone --home=<home>``: ``airflow standalone`` in this process.
 
     The ``--home`` argument only marks the command line, so the pid file can be checked against it
-    (:class:`kdq.stack.procs.ManagedProcess`); Airflow takes its home from ``AIRFLOW_HOME``.
+    (:class:`kdq.procs.ManagedProcess`); Airflow takes its home from ``AIRFLOW_HOME``.
     """
     if not argv or argv[0] != "standalone":
         raise SystemExit("usage: python -m kdq.stack.airflow standalone --home=<AIRFLOW_HOME>")

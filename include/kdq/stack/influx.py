@@ -7,7 +7,7 @@ import shutil
 import requests
 
 from kdq.config import Config
-from kdq.stack.procs import ManagedProcess, StackError, port_open, wait_until
+from kdq.procs import ManagedProcess, StackError, port_open, wait_until
 
 CONFIG_TEMPLATE = """\
 reporting-disabled = true

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdq.config import Config
-from kdq.stack.procs import ManagedProcess, StackError, port_open, wait_until
+from kdq.procs import ManagedProcess, StackError, port_open, wait_until
 
 LOG4J2 = """\
 status = warn

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdq.config import Config
+from kdq.procs import StackError, port_open, quiet_port
 from kdq.stack.airflow import PORT_ENV as AIRFLOW_PORT_ENV
 from kdq.stack.airflow import USERNAME as AIRFLOW_USER
 from kdq.stack.airflow import LocalAirflow
 from kdq.stack.influx import LocalInflux
 from kdq.stack.kafka import LocalKafka
-from kdq.stack.procs import StackError, port_open, quiet_port
 from kdq.stack.registry import LocalRegistry
 from kdq.stack.spark_cluster import PRODUCT_WORKER_CORES, WORKER_CORES, LocalSparkCluster, with_product_caps
 from kdq.stack.sql_endpoint import LocalSqlEndpoint
@@ -221,8 +221,8 @@ class LocalStack:
 
     def down(self) -> list[str]:
         """Stop every component; returns the names of those that were running."""
-        from kdq.stream_process import stop_stream
-        from kdq.traffic import stop_demo
+        from kdq.spark.stream_process import stop_stream
+        from kdq.traffic.process import stop_demo
 
         # The producer first, then Airflow (its supervisor would restart the stream), then the stream.
         stopped = ["demo"] if stop_demo(self.config) else []
@@ -279,7 +279,7 @@ class LocalStack:
                 healthy = False
             detail = "Schema Registry (Apicurio, Confluent-compatible API)" if running else f"log: {registry.process.log_file}"
             result.append(ComponentStatus("registry", registry.url, running, healthy, detail))
-        from kdq.traffic import demo_process, read_stats
+        from kdq.traffic.process import demo_process, read_stats
 
         if demo_process(self.config).running():
             stats = read_stats(self.config) or {}

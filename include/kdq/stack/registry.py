@@ -20,7 +20,7 @@ from pathlib import Path
 import requests
 
 from kdq.config import LOCAL_REGISTRY_API, Config
-from kdq.stack.procs import ManagedProcess, StackError, port_open, wait_until
+from kdq.procs import ManagedProcess, StackError, port_open, wait_until
 
 # Measured on the 2-core machine (docs/operations.md, "The Schema Registry"): started and answering in about
 # 10-15 s, 200-250 MB resident. The heap holds the schemas of the registry's own cache and the requests; 256 MB is

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from kdq.config import Config
-from kdq.stack.procs import ManagedProcess, StackError, port_open, wait_until
+from kdq.procs import ManagedProcess, StackError, port_open, wait_until
 
 WORKER_CORES = 1
 WORKER_MEMORY = "2g"

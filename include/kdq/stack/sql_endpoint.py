@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kdq.config import Config
-from kdq.stack.procs import INTERACTIVE_NICENESS, ManagedProcess, StackError, port_open, wait_until
+from kdq.procs import INTERACTIVE_NICENESS, ManagedProcess, StackError, port_open, wait_until
 
 # Loopback only: locally there is no authentication unless KDQ_SQL_PASSWORD is set (anyone on this
 # machine may read the counts, as they may read the Delta files); set, it is required on JDBC and Spark Connect. Each JDBC/Connect client gets its own session of the one driver
@@ -247,7 +247,7 @@ class LocalSqlEndpoint:
 
     def start(self, timeout: float = 240.0, wait: bool = True) -> None:
         """Start (no-op when running); with ``wait``, block until both ports answer or raise StackError."""
-        from kdq.stream_process import child_env
+        from kdq.spark.stream_process import child_env
 
         if not self.process.running():
             try:

@@ -1,4 +1,5 @@
-"""Background processes of the local stack: start detached, find again by pid file, stop cleanly.
+"""Background processes (the local stack's components, the stream, the demo traffic): start detached, find again
+by pid file, stop cleanly.
 
 A pid file alone is not proof (pids are reused), so a process counts as ours
 only if its command line still contains the marker we started it with (the

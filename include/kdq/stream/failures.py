@@ -43,11 +43,11 @@ from typing import Any
 
 from kdq import storage
 from kdq.storage import Location
-from kdq.stream_state import BATCH_FAILURE as FAILURE
-from kdq.stream_state import CURRENT_BATCH, HEARTBEAT, pid_alive, state_dir
-from kdq.stream_state import QUARANTINED_OFFSETS as QUARANTINE
-from kdq.stream_state import atomic_write_json as _write
-from kdq.stream_state import read_json as _read
+from kdq.stream.state import BATCH_FAILURE as FAILURE
+from kdq.stream.state import CURRENT_BATCH, HEARTBEAT, pid_alive, state_dir
+from kdq.stream.state import QUARANTINED_OFFSETS as QUARANTINE
+from kdq.stream.state import atomic_write_json as _write
+from kdq.stream.state import read_json as _read
 
 QUARANTINED_REASON = "internal_error:quarantined"
 ERROR_LINES = 12
@@ -59,7 +59,7 @@ def _now_ms() -> int:
 
 def checkpoint_of(config: Any) -> str:
     """The speed layer's checkpoint (the same location as ``kdq.spark.speed_layer.checkpoint_dir``)."""
-    from kdq.checkpoint_offsets import speed_layer_checkpoint
+    from kdq.stream.checkpoint_offsets import speed_layer_checkpoint
 
     return speed_layer_checkpoint(config)
 
@@ -211,7 +211,7 @@ def classify_failure(error: str) -> str:
 def pending_batch(checkpoint: Location) -> int | None:
     """The batch Spark planned but did not commit (its offsets are logged, its commit is not), if any. None
     too when the checkpoint is on remote storage and this process has no Spark session to read it."""
-    from kdq.checkpoint_offsets import batch_ids
+    from kdq.stream.checkpoint_offsets import batch_ids
 
     try:
         planned = batch_ids(storage.join(checkpoint, "offsets"))
@@ -226,7 +226,7 @@ def pending_batch(checkpoint: Location) -> int | None:
 def offset_ranges(checkpoint: Location, batch_id: int) -> list[dict]:
     """Batch ``batch_id``'s offset ranges from Spark's offset log, ``to`` inclusive; [] if unreadable (also a
     remote checkpoint in a process without a Spark session)."""
-    from kdq.checkpoint_offsets import batch_offset_ranges
+    from kdq.stream.checkpoint_offsets import batch_offset_ranges
 
     try:
         ranges = batch_offset_ranges(checkpoint, batch_id)

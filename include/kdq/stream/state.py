@@ -2,7 +2,7 @@
 
 Pure Python (no Spark import): the stream writes its heartbeat, progress and push state through these
 helpers; the supervisor, the CLI, the batch jobs and the failing/hung-batch handling
-(:mod:`kdq.batch_failures`) read them. Writes are atomic (temporary file + rename), so a reader never
+(:mod:`kdq.stream.failures`) read them. Writes are atomic (temporary file + rename), so a reader never
 sees half a file.
 """
 
@@ -24,8 +24,8 @@ HEARTBEAT = "heartbeat.json"  # the stream's liveness, written by its query list
 PROGRESS = "progress.json"  # the last micro-batch's progress
 PROGRESS_LOG = "progress.jsonl"  # recent micro-batches, one JSON line each
 INFLUX_PUSH_STATE = "influx_push_state.json"  # the earliest window InfluxDB may be missing (InfluxPushState)
-CURRENT_BATCH = "current_batch.json"  # the micro-batch in flight (kdq.batch_failures: hung batches)
-BATCH_FAILURE = "batch_failure.json"  # the micro-batch that keeps failing (kdq.batch_failures)
+CURRENT_BATCH = "current_batch.json"  # the micro-batch in flight (kdq.stream.failures: hung batches)
+BATCH_FAILURE = "batch_failure.json"  # the micro-batch that keeps failing (kdq.stream.failures)
 QUARANTINED_OFFSETS = "quarantined_offsets.json"  # the operator's quarantined offset ranges
 STREAM_PID = "stream.pid"
 STREAM_LOG = "stream.log"

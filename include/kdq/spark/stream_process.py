@@ -7,9 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from kdq import batch_failures, stream_state
 from kdq.config import Config
-from kdq.stack.procs import ManagedProcess
+from kdq.procs import ManagedProcess
+from kdq.stream import failures
+from kdq.stream import state as stream_state
 
 
 def stream_process(config: Config) -> ManagedProcess:
@@ -89,15 +90,15 @@ def _batch_lines(config: Config, running: bool) -> list[str]:
     """The batch in flight (flagged HUNG past stream.max_batch_seconds), a recorded failure, the quarantine."""
     lines = []
     configured = config.stream.max_batch_seconds
-    current = batch_failures.running_batch(config) if running else None
+    current = failures.running_batch(config) if running else None
     if current is not None and current["batch_id"] is not None:
-        limit = batch_failures.hung_limit(config, current["batch_id"], configured)
+        limit = failures.hung_limit(config, current["batch_id"], configured)
         grown = "" if limit == configured else f", this attempt's limit {limit:.0f}s"
         flag = f"HUNG (> stream.max_batch_seconds = {configured:.0f}s{grown})" if current["seconds"] > limit else "running"
         lines.append(f"{'':<10} batch {current['batch_id']} {flag} for {current['seconds']:.0f}s")
-    failure = batch_failures.read_failure(config)
+    failure = failures.read_failure(config)
     if failure is not None:
-        blocked = batch_failures.blocked(config, config.stream.max_batch_failures) is not None
+        blocked = failures.blocked(config, config.stream.max_batch_failures) is not None
         first = failure["error"].splitlines()[0][:200] if failure.get("error") else ""
         if failure.get("kind") == "transient":
             counted = f"; {failure['attempts']} counted failure(s)" if failure.get("attempts") else ""
@@ -114,7 +115,7 @@ def _batch_lines(config: Config, running: bool) -> list[str]:
     if refusal is not None and not running:
         lines.append(f"{'':<10} driver {refusal.get('kind', 'refused')} at {refusal.get('time_ms')}: "
                      f"{str(refusal.get('message'))[:300]}")
-    quarantined = batch_failures.read_quarantine(config)
+    quarantined = failures.read_quarantine(config)
     if quarantined:
         lines.append(f"{'':<10} {len(quarantined)} quarantined offset range(s) (kdq stream-failure lists them)")
     return lines
