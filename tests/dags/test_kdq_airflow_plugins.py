@@ -18,8 +18,8 @@ if str(PLUGINS_FOLDER) not in sys.path:
     sys.path.insert(0, str(PLUGINS_FOLDER))
 
 from kdq.spark.maintenance import maintenance_plan  # noqa: E402
+from kdq.supervisor import LockHeld, supervisor_lock  # noqa: E402
 from kdq_airflow.defaults import START_DATE_ENV, kdq_default_args, kdq_start_date  # noqa: E402
-from kdq_airflow.stream import LockHeld, supervisor_lock  # noqa: E402
 from tests.conftest import make_config  # noqa: E402
 
 

@@ -21,7 +21,8 @@ if str(PLUGINS_FOLDER) not in sys.path:
 from airflow.sdk.exceptions import AirflowException  # noqa: E402
 
 from kdq import batch_failures  # noqa: E402
-from kdq_airflow.stream import LockHeld, ensure_stream_running, supervisor_lock  # noqa: E402
+from kdq.supervisor import LockHeld, supervisor_lock  # noqa: E402
+from kdq_airflow.stream import ensure_stream_running  # noqa: E402
 from tests.conftest import make_config  # noqa: E402
 from tests.dags.test_stream_supervisor_batches import FakeStream, write_offset_log  # noqa: E402
 
