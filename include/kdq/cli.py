@@ -26,9 +26,10 @@ def _up(config: Config, args: argparse.Namespace) -> int:
     from kdq.stack.procs import StackError
 
     try:
-        statuses = LocalStack(
+        stack = LocalStack(
             config, with_sql_endpoint=not args.no_sql_endpoint, cluster=args.cluster, with_registry=not args.no_registry
-        ).up()
+        )
+        statuses = stack.up()
     except StackError as exc:
         print(f"kdq up: {exc}", file=sys.stderr)
         return 1
@@ -36,7 +37,8 @@ def _up(config: Config, args: argparse.Namespace) -> int:
         print(status.line())
     healthy = all(s.healthy for s in statuses)
     if healthy and args.cluster:
-        print(f"\nJobs of this data folder whose spark.master is local[...] now run on {config.spark_master()}"
+        # stack.config: the addresses the start recorded (config was loaded before them).
+        print(f"\nJobs of this data folder whose spark.master is local[...] now run on {stack.config.spark_master()}"
               " (docs/cluster.md).")
     if healthy:
         print(

@@ -364,7 +364,7 @@ def test_local_airflow_spark_default_names_the_stacks_master(
     config = make_config(tmp_path, spark={"master": "local[2]"})
     config.state_file.parent.mkdir(parents=True, exist_ok=True)
     config.state_file.write_text(json.dumps(recorded))
-    env = LocalAirflow(config, 8999).env()
+    env = LocalAirflow(config.reload_stack_addresses(), 8999).env()
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", env["AIRFLOW_CONN_SPARK_DEFAULT"])
     resolved = SparkSubmitHook(conn_id="spark_default")._connection
     assert (resolved["master"], resolved["deploy_mode"]) == (master, "client")

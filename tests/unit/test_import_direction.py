@@ -83,4 +83,7 @@ def test_no_import_cycle_between_kdq_modules() -> None:
     known = set(modules)
     graph = {name: imports_of(path, known) for name, path in modules.items()}
     assert len(modules) > 30 and graph["kdq.spark.batch_layer"], "the parser must see the package's imports"
+    # The packages inside kdq are in the graph too: the config package's modules, and its __init__ importing them.
+    assert {"kdq.config.model", "kdq.config.loading"} <= graph["kdq.config"], "kdq/config/ must be walked"
+    assert "kdq.config.local_stack" in graph["kdq.config.model"]
     assert cycles(graph) == [], "import cycles between kdq modules (imports inside functions count)"
