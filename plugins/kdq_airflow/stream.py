@@ -26,7 +26,9 @@ def ensure_stream_running(config: Config, **settings: Any) -> str:
     try:
         return supervisor.ensure_stream_running(config, **settings)
     except supervisor.StreamDown as exc:
-        raise AirflowException(str(exc)) from exc
+        # Only the message, as before the check moved: it can hold the stream's log tail, which a chained
+        # traceback would print twice in the task log.
+        raise AirflowException(str(exc)) from None
 
 
 class EnsureStreamRunningOperator(BaseOperator):
