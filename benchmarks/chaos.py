@@ -137,6 +137,7 @@ def main(argv=None) -> int:
         log.info("tables and checkpoints on %s (moto at %s)", storage["paths"]["storage_uri"], local_s3.endpoint)
     config = chaos_config(work, storage)
     stack = LocalStack(config)
+    config = stack.config  # with the ports the stack just recorded (a Config reads them when built)
     port_rng = random.Random()
     now = datetime.now(UTC)
     # The recompute DAG starts with the interval the run begins in: no catch-up of the hour before the run.

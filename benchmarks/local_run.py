@@ -922,7 +922,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from benchmarks.__main__ import machine_info
     from benchmarks.chaos_setup import kill_orphans
-    from kdq.quality_page import read_progress_log
+    from kdq.quality_health import read_progress_log
     from kdq.stack import airflow as airflow_module
     from kdq.stack.airflow import start_product
     from kdq.stack.manager import LocalStack

@@ -121,7 +121,7 @@ def _breaching(config: Config, after_batch_id: int | None, incidents) -> tuple[b
     """(whether a micro-batch after ``after_batch_id`` breaches an invalid_ratio check of a topic with no open
     incident, the newest batch id seen): files only, no Spark job."""
     from kdq.expectation_run import batches_breaching
-    from kdq.quality_page import read_progress_log
+    from kdq.quality_health import read_progress_log
     from kdq.rules import load_rules
 
     progress = read_progress_log(config, max_bytes=PROGRESS_TAIL_BYTES)

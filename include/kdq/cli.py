@@ -1,5 +1,9 @@
-"""The `kdq` command: the local stack (`up`, `run`, `down`, `status`), SQL on the Delta tables (`sql`, `sql-endpoint`),
-the jobs (`job`), the demo traffic and the operator's tools.
+"""The `kdq` command: the local stack, the speed layer, the batch jobs, SQL, demo traffic and the operator's tools.
+
+The local stack and the whole product (`up`, `run`, `down`, `status`, `airflow`), the speed layer (`stream`,
+`stream-stop`), a micro-batch that keeps failing (`stream-failure`, `quarantine-offsets`, `quarantine-batch`:
+:mod:`kdq.cli_failures`), the batch jobs (`recompute`, `influx-catch-up`, any job of ``spark_jobs/`` with `job`),
+SQL on the Delta tables (`sql`, `sql-endpoint`: :mod:`kdq.cli_sql`) and demo traffic (`demo`).
 
 Every command loads the one Config (kdq.toml + KDQ_* environment) and fails
 with a message naming the key when it is wrong.
@@ -9,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kdq import cli_failures, cli_sql
 from kdq.config import Config, ConfigError, load_config
 
 
@@ -22,9 +26,10 @@ def _up(config: Config, args: argparse.Namespace) -> int:
     from kdq.stack.manager import LocalStack
 
     try:
-        statuses = LocalStack(
+        stack = LocalStack(
             config, with_sql_endpoint=not args.no_sql_endpoint, cluster=args.cluster, with_registry=not args.no_registry
-        ).up()
+        )
+        statuses = stack.up()
     except StackError as exc:
         print(f"kdq up: {exc}", file=sys.stderr)
         return 1
@@ -32,7 +37,8 @@ def _up(config: Config, args: argparse.Namespace) -> int:
         print(status.line())
     healthy = all(s.healthy for s in statuses)
     if healthy and args.cluster:
-        print(f"\nJobs of this data folder whose spark.master is local[...] now run on {config.spark_master()}"
+        # stack.config: the addresses the start recorded (config was loaded before them).
+        print(f"\nJobs of this data folder whose spark.master is local[...] now run on {stack.config.spark_master()}"
               " (docs/cluster.md).")
     if healthy:
         print(
@@ -77,7 +83,6 @@ def _stream(config: Config, args: argparse.Namespace) -> int:
         pid = start_stream(config, job_args)
         print(f"speed layer running (pid {pid}); log: {stream_process(config).log_file}; stop: kdq stream-stop")
         return 0
-    import os
     import subprocess
 
     from kdq.spark.submit import submit_command
@@ -93,82 +98,7 @@ def _stream_stop(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _stream_failure(config: Config, args: argparse.Namespace) -> int:
-    from kdq.stream import failures
-
-    limit = config.stream.max_batch_failures
-    if args.clear:
-        failure = failures.clear_failure(config)
-        print(f"cleared the failure record of batch {failure['batch_id']}: the next supervisor run retries it"
-              if failure else "no failure recorded")
-        return 0
-    failure = failures.read_failure(config)
-    if failure is None:
-        print("no failed micro-batch recorded")
-    else:
-        print(failures.failure_message(failure, limit))
-        if failures.blocked(config, limit) is None:
-            print(f"(attempt {failure['attempts']} of {limit}: the supervisor still restarts it)")
-    entries = failures.read_quarantine(config)
-    if entries:
-        print("\nQuarantined offset ranges (" + failures.state_dir(config).joinpath(failures.QUARANTINE).as_posix() + "):")
-        for e in entries:
-            print(f"  #{e['id']} {e['topic']} partition {e['partition']}: offsets {e['from_offset']}..{e['to_offset']}"
-                  f" - {e['reason']}")
-    return 0
-
-
-def _print_quarantined(config: Config, added: list[dict]) -> int:
-    from kdq.stream import failures
-
-    for e in added:
-        print(f"quarantined #{e['id']}: {e['topic']} partition {e['partition']} offsets "
-              f"{e['from_offset']}..{e['to_offset']} ({e['reason']})")
-    failure = failures.read_failure(config)
-    if failure is not None:
-        hits = failures.overlapping(added, failure.get("ranges") or [])
-        if failure.get("ledger_written"):
-            print(f"note: batch {failure['batch_id']} failed after its ledger entry was written: the quarantine "
-                  "cannot change it (see `kdq stream-failure`)")
-        elif not hits and failure.get("ranges"):
-            print(f"note: none of these ranges is in failed batch {failure['batch_id']}'s offset ranges")
-        else:
-            print(f"batch {failure['batch_id']} will be retried with them by the next supervisor run "
-                  "(or `kdq stream --detach`)")
-    return 0
-
-
-def _quarantine_offsets(config: Config, args: argparse.Namespace) -> int:
-    from kdq.stream import failures
-
-    ranges = [{"topic": args.topic, "partition": args.partition, "from": args.from_offset, "to": args.to_offset}]
-    try:
-        added = failures.add_quarantine(config, ranges, args.reason)
-    except ValueError as exc:
-        print(f"kdq quarantine-offsets: {exc}", file=sys.stderr)
-        return 2
-    return _print_quarantined(config, added)
-
-
-def _quarantine_batch(config: Config, args: argparse.Namespace) -> int:
-    from kdq.stream import failures
-
-    failure = failures.read_failure(config)
-    if failure is not None and failure["batch_id"] == args.batch_id and failure.get("ranges"):
-        ranges = failure["ranges"]
-    else:
-        ranges = failures.offset_ranges(failures.checkpoint_of(config), args.batch_id)
-    if args.topic:
-        ranges = [r for r in ranges if r["topic"] in args.topic]
-    if not ranges:
-        print(f"kdq quarantine-batch: no offset ranges of batch {args.batch_id}"
-              + (f" for topics {', '.join(args.topic)}" if args.topic else ""), file=sys.stderr)
-        return 1
-    return _print_quarantined(config, failures.add_quarantine(config, ranges, args.reason))
-
-
 def _submit(config: Config, job: str, job_args: list[str]) -> int:
-    import os
     import subprocess
 
     from kdq.spark.stream_process import child_env
@@ -190,81 +120,6 @@ def _catch_up(config: Config, args: argparse.Namespace) -> int:
 
 def _job(config: Config, args: argparse.Namespace) -> int:
     return _submit(config, args.name, list(args.job_args))
-
-
-def _sql_endpoint(config: Config, args: argparse.Namespace) -> int:
-    """The SQL endpoint in the foreground (a container's main process): the same spark-submit command as
-    the local stack's, bound to ``--host``; replaces this process, so signals reach the endpoint itself."""
-    from kdq.spark.stream_process import child_env
-    from kdq.stack.sql_endpoint import (
-        PASSWORD_ENV,
-        TLS_KEYSTORE_ENV,
-        TLS_KEYSTORE_PASSWORD_ENV,
-        EndpointSecurityError,
-        LocalSqlEndpoint,
-        endpoint_env,
-        security_check,
-        self_signed_keystore,
-    )
-
-    try:
-        keystore = os.environ.get(TLS_KEYSTORE_ENV)
-        if args.self_signed_tls and keystore and os.environ.get(TLS_KEYSTORE_PASSWORD_ENV):
-            names = [socket.gethostname(), socket.getfqdn(), "localhost", "127.0.0.1", *args.tls_name]
-            if self_signed_keystore(Path(keystore), os.environ[TLS_KEYSTORE_PASSWORD_ENV], names):
-                print(f"kdq sql-endpoint: created a self-signed keystore {keystore} for {', '.join(dict.fromkeys(names))}; "
-                      f"clients trust its certificate {keystore}.crt", flush=True)
-        security_check(os.environ, args.host)
-    except EndpointSecurityError as exc:
-        print(f"kdq sql-endpoint: {exc}", file=sys.stderr)
-        return 2
-    endpoint = LocalSqlEndpoint(config, args.connect_port, args.thrift_port, bind_host=args.host)
-    command = endpoint.command()
-    protections = [what for what, on in (("password required on both", os.environ.get(PASSWORD_ENV)),
-                                         ("Thrift over TLS", os.environ.get(TLS_KEYSTORE_ENV))) if on]
-    print(f"kdq sql-endpoint: Spark Connect on {args.host}:{args.connect_port}, Thrift on {args.host}:{args.thrift_port}"
-          + (f" ({', '.join(protections)})" if protections else ""), flush=True)
-    os.execvpe(command[0], command, {**os.environ, **child_env(config), **endpoint_env(os.environ)})
-    return 0  # not reached
-
-
-def _sql(config: Config, args: argparse.Namespace) -> int:
-    """Through the running SQL endpoint (kdq.sql_client's light client: one Spark Connect call per statement, the
-    table formatted by Spark as ``show()`` formats it; well under a second end to end on an idle machine), else a
-    Spark session of its own (a JVM start, about a minute); stderr says which."""
-    from kdq.stack.sql_endpoint import running_endpoint
-
-    endpoint = None if args.local else running_endpoint(config)
-    if endpoint is not None:
-        print(f"kdq sql: through the SQL endpoint {endpoint.connect_url}", file=sys.stderr)
-        return _sql_through(endpoint.connect_url, args)
-    from kdq.spark.session import build_session
-
-    why = "--local" if args.local else "the SQL endpoint is not running (`kdq up` or `make run` start it)"
-    print(f"kdq sql: {why}; starting a Spark session of its own ({config.spark_master()})", file=sys.stderr)
-    spark = build_session(config, app_name="kdq-sql")
-    try:
-        for statement in args.statement:
-            spark.sql(statement).show(args.limit, truncate=False)
-    finally:
-        spark.stop()
-    return 0
-
-
-def _sql_through(url: str, args: argparse.Namespace) -> int:
-    """Each statement's table as ``show(limit, truncate=False)`` prints it, in order; the first refused one ends
-    the command (its message on stderr, exit status 1)."""
-    from kdq.sql_client import LightConnectClient, SqlError
-
-    with LightConnectClient(url) as client:
-        for statement in args.statement:
-            try:
-                table = client.show(statement, args.limit)
-            except SqlError as exc:
-                print(f"kdq sql: {exc}", file=sys.stderr)
-                return 1
-            print(table, flush=True)
-    return 0
 
 
 # `kdq demo --burst`: how fast a burst goes out, and to which topic unless --topics says.
@@ -310,7 +165,6 @@ def _demo_spec(config: Config, args: argparse.Namespace):
 
 def _demo(config: Config, args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from kdq.traffic.process import demo_process, main_loop, start_demo
 
@@ -423,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     failure.add_argument("--clear", action="store_true",
                          help="forget the failure (after deploying a fix): the supervisor retries the batch")
-    failure.set_defaults(func=_stream_failure)
+    failure.set_defaults(func=cli_failures.stream_failure)
     quarantine = commands.add_parser(
         "quarantine-offsets",
         help="count an offset range as invalid (internal_error:quarantined) without classifying it",
@@ -433,14 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     quarantine.add_argument("--from", dest="from_offset", type=int, required=True, help="first offset")
     quarantine.add_argument("--to", dest="to_offset", type=int, required=True, help="last offset (inclusive)")
     quarantine.add_argument("--reason", required=True, help="why (kept with the entry)")
-    quarantine.set_defaults(func=_quarantine_offsets)
+    quarantine.set_defaults(func=cli_failures.quarantine_offsets)
     quarantine_batch = commands.add_parser(
         "quarantine-batch", help="quarantine every offset range of a micro-batch (the recorded failure's ranges)"
     )
     quarantine_batch.add_argument("batch_id", type=int)
     quarantine_batch.add_argument("--topic", action="append", help="only this topic's ranges (repeatable)")
     quarantine_batch.add_argument("--reason", required=True, help="why (kept with the entries)")
-    quarantine_batch.set_defaults(func=_quarantine_batch)
+    quarantine_batch.set_defaults(func=cli_failures.quarantine_batch)
     recompute = commands.add_parser(
         "recompute", help="batch layer: recompute windows that got late records in [start, end) of ingest time"
     )
@@ -511,12 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     endpoint.add_argument("--tls-name", action="append", default=[],
                           help="a host name or address clients use, added to the self-signed certificate (repeatable)")
-    endpoint.set_defaults(func=_sql_endpoint)
+    endpoint.set_defaults(func=cli_sql.sql_endpoint)
     sql = commands.add_parser("sql", help="run Spark SQL on the kdq tables (registered by name)")
     sql.add_argument("statement", nargs="+")
     sql.add_argument("--limit", type=int, default=50)
     sql.add_argument("--local", action="store_true", help="a Spark session of its own, even when the SQL endpoint runs")
-    sql.set_defaults(func=_sql)
+    sql.set_defaults(func=cli_sql.sql)
     return parser
 
 

@@ -12,16 +12,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from html import escape
 
-from kdq.quality_page import (
-    MINUTE_MS,
-    PREVIEW_CHARS,
-    DagRunLink,
-    PageModel,
-    Series,
-    StreamHealth,
-    TopicView,
-    dag_url,
-)
+from kdq.quality_health import StreamHealth
+from kdq.quality_page import MINUTE_MS, PREVIEW_CHARS, DagRunLink, PageModel, Series, TopicView, dag_url
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:16px;color:#1f2933;background:#fff}

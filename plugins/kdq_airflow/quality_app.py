@@ -200,7 +200,7 @@ def _dag_runs(user: Any, run_ids: set[str]) -> list[Any]:
 
 def _health(config: Any, now_ms: int) -> Any:
     """Stream health from the stream's state folder, with the writers journal's last 24 h (no Spark)."""
-    from kdq.quality_page import read_progress_log, stream_health
+    from kdq.quality_health import read_progress_log, stream_health
     from kdq.stream.state import stream_status
     from kdq.writers_journal import read_entries, summarize
 
@@ -212,7 +212,7 @@ def _health(config: Any, now_ms: int) -> Any:
 def _writers_json() -> dict:
     """The page's writers table as JSON: per batch job, its runs of the last 24 h beside the stream."""
     from kdq.config import load_config
-    from kdq.quality_page import writers_json
+    from kdq.quality_health import writers_json
 
     now_ms = int(time.time() * 1000)
     return writers_json(_health(load_config(), now_ms), now_ms)

@@ -18,8 +18,8 @@ if str(PLUGINS_FOLDER) not in sys.path:
     sys.path.insert(0, str(PLUGINS_FOLDER))
 
 from kdq.spark.maintenance import maintenance_plan  # noqa: E402
+from kdq.supervisor import LockHeld, supervisor_lock  # noqa: E402
 from kdq_airflow.defaults import START_DATE_ENV, kdq_default_args, kdq_start_date  # noqa: E402
-from kdq_airflow.stream import LockHeld, supervisor_lock  # noqa: E402
 from tests.conftest import make_config  # noqa: E402
 
 
@@ -364,7 +364,7 @@ def test_local_airflow_spark_default_names_the_stacks_master(
     config = make_config(tmp_path, spark={"master": "local[2]"})
     config.state_file.parent.mkdir(parents=True, exist_ok=True)
     config.state_file.write_text(json.dumps(recorded))
-    env = LocalAirflow(config, 8999).env()
+    env = LocalAirflow(config.reload_stack_addresses(), 8999).env()
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", env["AIRFLOW_CONN_SPARK_DEFAULT"])
     resolved = SparkSubmitHook(conn_id="spark_default")._connection
     assert (resolved["master"], resolved["deploy_mode"]) == (master, "client")

@@ -20,8 +20,9 @@ if str(PLUGINS_FOLDER) not in sys.path:
 
 from airflow.sdk.exceptions import AirflowException  # noqa: E402
 
-from kdq.stream import failures  # noqa: E402
-from kdq_airflow.stream import LockHeld, ensure_stream_running, supervisor_lock  # noqa: E402
+from kdq.stream import failures as batch_failures  # noqa: E402
+from kdq.supervisor import LockHeld, supervisor_lock  # noqa: E402
+from kdq_airflow.stream import ensure_stream_running  # noqa: E402
 from tests.conftest import make_config  # noqa: E402
 from tests.dags.test_stream_supervisor_batches import FakeStream, write_offset_log  # noqa: E402
 
@@ -29,14 +30,14 @@ from tests.dags.test_stream_supervisor_batches import FakeStream, write_offset_l
 @pytest.fixture
 def config(tmp_path: Path):
     config = make_config(tmp_path / "data", stream={"max_batch_failures": 2, "max_batch_seconds": 30})
-    checkpoint = Path(failures.checkpoint_of(config))
+    checkpoint = Path(batch_failures.checkpoint_of(config))
     write_offset_log(checkpoint, 6, {"a": {"0": 10}}, committed=True)
     write_offset_log(checkpoint, 7, {"a": {"0": 15}})
     return config
 
 
 def _state(config) -> Path:
-    folder = failures.state_dir(config)
+    folder = batch_failures.state_dir(config)
     folder.mkdir(parents=True, exist_ok=True)
     return folder / "supervisor_state.json"
 
@@ -89,7 +90,7 @@ def test_a_stale_starting_beat_is_restarted(config, monkeypatch) -> None:
     _state(config).write_text(json.dumps({"restarts": 0, "last_restart": time.time() - 400}))
     now = int(time.time() * 1000)
     stream.beat(state="starting", started_ms=now - 395_000, phase="rules")
-    beat = failures.state_dir(config) / "heartbeat.json"
+    beat = batch_failures.state_dir(config) / "heartbeat.json"
     stale = {**json.loads(beat.read_text()), "time_ms": now - 300_000}  # its beating thread is gone
     beat.write_text(json.dumps(stale))
     assert ensure_stream_running(config) == "restarted"
@@ -113,9 +114,9 @@ def test_transient_failures_are_recorded_but_never_block(config, monkeypatch) ->
     stream = FakeStream(monkeypatch, config)
     error = "java.io.IOException: No space left on device\n\tat java.base/java.io.FileOutputStream.writeBytes"
     for attempt in range(1, 6):  # max_batch_failures = 2
-        failure = failures.record_failure(config, 7, error)
+        failure = batch_failures.record_failure(config, 7, error)
         assert failure["kind"] == "transient" and failure["transient_attempts"] == attempt
-        assert failures.blocked(config, 2) is None
+        assert batch_failures.blocked(config, 2) is None
         stream.alive = False
         assert ensure_stream_running(config, max_restarts=100) == "restarted"
     from kdq.spark.stream_process import describe_stream
@@ -125,8 +126,8 @@ def test_transient_failures_are_recorded_but_never_block(config, monkeypatch) ->
     status = "\n".join(describe_stream(config))
     assert "batch 7 failed transiently 5x" in status and "never blocks" in status, status
     # A deterministic failure of the same batch still counts toward the limit.
-    failures.record_failure(config, 7, "KDQ_FAULT_FAIL_VALUE: cannot process record t partition 0 offset 3")
-    failures.record_failure(config, 7, "KDQ_FAULT_FAIL_VALUE: cannot process record t partition 0 offset 3")
+    batch_failures.record_failure(config, 7, "KDQ_FAULT_FAIL_VALUE: cannot process record t partition 0 offset 3")
+    batch_failures.record_failure(config, 7, "KDQ_FAULT_FAIL_VALUE: cannot process record t partition 0 offset 3")
     stream.alive = False
     with pytest.raises(AirflowException, match="failed 2 times in a row"):
         ensure_stream_running(config)
@@ -136,10 +137,10 @@ def test_the_hung_limit_doubles_per_attempt_of_the_same_batch(config, monkeypatc
     stream = FakeStream(monkeypatch, config)
     stream.alive = True
     # Attempt 2 of batch 7 (attempt 1 hung past 30 s): its limit is 60 s.
-    failures.record_failure(config, 7, "HUNG: ...", kind="hung")
-    assert failures.hung_limit(config, 7, 30) == 60
-    assert failures.hung_limit(config, 8, 30) == 30, "another batch starts at the configured limit"
-    folder = failures.state_dir(config)
+    batch_failures.record_failure(config, 7, "HUNG: ...", kind="hung")
+    assert batch_failures.hung_limit(config, 7, 30) == 60
+    assert batch_failures.hung_limit(config, 8, 30) == 30, "another batch starts at the configured limit"
+    folder = batch_failures.state_dir(config)
     now = int(time.time() * 1000)
     (folder / "current_batch.json").write_text(
         json.dumps({"batch_id": 7, "state": "running", "started_ms": now - 45_000, "pid": os.getpid()})
@@ -200,7 +201,7 @@ def test_a_live_lease_of_another_driver_is_owned_elsewhere_not_a_crash(config, m
 
     stream = FakeStream(monkeypatch, config)
     _state(config).write_text(json.dumps({"restarts": 3, "last_restart": time.time() - 10_000}))
-    other = DriverLease(LOCAL_FILES, failures.checkpoint_of(config),
+    other = DriverLease(LOCAL_FILES, batch_failures.checkpoint_of(config),
                         host={"host": "other-host", "boot_id": "b"}, pid=4321)
     other.acquire()  # a `kdq stream` on another host
     for _ in range(5):
@@ -234,7 +235,7 @@ def test_a_refused_driver_is_owned_elsewhere_for_a_backoff_then_tried_again(conf
     assert ensure_stream_running(config, backoff_seconds=120) == "owned_elsewhere"
     assert len(stream.starts) == 1
     assert json.loads(_state(config).read_text())["restarts"] == 0
-    refusal = failures.state_dir(config) / "driver_refused.json"
+    refusal = batch_failures.state_dir(config) / "driver_refused.json"
     aged = {**json.loads(refusal.read_text()), "time_ms": int(time.time() * 1000) - 121_000}
     refusal.write_text(json.dumps(aged))
     state = {**json.loads(_state(config).read_text()), "last_restart": time.time() - 130}
@@ -245,7 +246,7 @@ def test_a_refused_driver_is_owned_elsewhere_for_a_backoff_then_tried_again(conf
 def test_the_starting_beat_defers_to_a_live_driver_until_it_owns_the_lease(config) -> None:
     from kdq.stream.state import StartingBeat
 
-    beat_file = failures.state_dir(config) / "heartbeat.json"
+    beat_file = batch_failures.state_dir(config) / "heartbeat.json"
     beat_file.parent.mkdir(parents=True, exist_ok=True)
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

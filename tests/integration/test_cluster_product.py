@@ -152,7 +152,8 @@ def product(tmp_path_factory: pytest.TempPathFactory):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         stack = LocalStack(config)
         assert stack.cluster and stack.spark is not None
-        yield Product(config, env, stack)
+        # stack.config: the addresses `kdq run` recorded (config was loaded before them).
+        yield Product(stack.config, env, stack)
     finally:
         # `kdq down` is the last test; this is the safety net when a test before it failed.
         kdq("down", timeout=600)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kdq.stack.manager import LocalStack
@@ -35,3 +36,18 @@ def test_produce_to_every_partition_and_consume_back(local_stack: LocalStack, to
         consumer.close()
     assert sorted(received) == sorted(sent)
     assert {p for p, *_ in received} == {0, 1, 2}
+
+
+def test_the_stack_resolves_the_addresses_it_recorded(local_stack: LocalStack, stack_config) -> None:
+    """A Config reads the local stack's addresses (state.json) when it is built: the stack reads them again
+    after recording them; a config loaded before that sees them once loaded again."""
+    from kdq.config import ConfigError
+    from tests.conftest import make_config
+
+    assert local_stack.config.kafka_bootstrap() == local_stack.kafka.bootstrap
+    assert local_stack.config.influx_url() == local_stack.influx.url
+    assert local_stack.config.spark_master() == stack_config.spark.master  # the single-broker shape
+    with pytest.raises(ConfigError, match="no local broker is recorded"):
+        stack_config.kafka_bootstrap()  # loaded before the stack recorded its ports
+    assert stack_config.reload_stack_addresses().kafka_bootstrap() == local_stack.kafka.bootstrap
+    assert make_config(stack_config.data_dir).influx_url() == local_stack.influx.url

@@ -96,6 +96,9 @@ def test_no_import_cycle_between_kdq_modules() -> None:
     graph = module_graph()
     assert len(graph) > 30 and graph["kdq.spark.batch_layer"], "the parser must see the package's imports"
     assert graph["kdq.stream.failures"] and graph["kdq.traffic.process"], "and those of its sub-packages"
+    # The packages inside kdq are in the graph too: the config package's modules, and its __init__ importing them.
+    assert {"kdq.config.model", "kdq.config.loading"} <= graph["kdq.config"], "kdq/config/ must be walked"
+    assert "kdq.config.local_stack" in graph["kdq.config.model"]
     assert cycles(graph) == [], "import cycles between kdq modules (imports inside functions count)"
 
 
@@ -110,9 +113,10 @@ def test_no_import_cycle_between_kdq_rooms() -> None:
 
 
 def test_process_management_stands_on_the_ground_floor() -> None:
-    """kdq.procs imports no kdq module, and only the CLI reaches up into the local stack (kdq.stack): the stream,
+    """kdq.procs imports no kdq module, and only the CLI (kdq.cli and its kdq.cli_* command modules) reaches up
+    into the local stack (kdq.stack): the stream,
     the demo traffic and the Spark side start their processes through kdq.procs."""
     graph = module_graph()
     assert graph["kdq.procs"] == set()
     users = {name for name, targets in graph.items() if room(name) != "kdq.stack" and any(room(t) == "kdq.stack" for t in targets)}
-    assert {room(name) for name in users} <= {"kdq.cli"}, sorted(users)
+    assert {room(name) for name in users} <= {"kdq.cli", "kdq.cli_sql", "kdq.cli_failures"}, sorted(users)

@@ -8,8 +8,9 @@ import threading
 import time
 
 from kdq.quality_cache import NumbersCache
+from kdq.quality_health import StreamHealth, TopicHealth
 from kdq.quality_html import render_page
-from kdq.quality_page import MINUTE_MS, PageRange, StreamHealth, TopicHealth, build_model
+from kdq.quality_page import MINUTE_MS, PageRange, build_model
 
 NOW = 1_700_003_723_456
 

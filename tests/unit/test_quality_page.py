@@ -12,20 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from kdq.quality_health import StreamHealth, TopicHealth, read_progress_log, stream_health
 from kdq.quality_html import chart_svg, render_page
 from kdq.quality_page import (
     MINUTE_MS,
     DagRunLink,
     PageRange,
-    StreamHealth,
-    TopicHealth,
     build_model,
     dag_run_url,
     page_queries,
-    read_progress_log,
     rows_as_dicts,
     shape_counts,
-    stream_health,
 )
 from kdq.windows import HOUR_MS
 from tests.conftest import make_config

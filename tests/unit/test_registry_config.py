@@ -32,8 +32,11 @@ def test_default_is_the_local_stacks_registry_once_recorded(tmp_path: Path) -> N
     # A stack started without the registry records its port, never as the default (it would be a dead port).
     config.state_file.write_text(json.dumps({"registry_port": 18081}))
     with pytest.raises(ConfigError, match=r"registry.url is empty"):
-        config.registry_url()
+        config.reload_stack_addresses().registry_url()
     config.state_file.write_text(json.dumps({"registry_port": 18081, "registry_started": True}))
+    with pytest.raises(ConfigError, match=r"registry.url is empty"):
+        config.registry_url()  # read once, when loaded
+    config = load_config(write(tmp_path, ""), env={})  # loaded again
     assert config.registry_url() == "http://127.0.0.1:18081/apis/ccompat/v7"
     assert config.registry_client_conf() == {"url": "http://127.0.0.1:18081/apis/ccompat/v7", "timeout": 10.0}
 
@@ -185,7 +188,10 @@ def test_down_takes_the_local_registry_back_as_the_default(tmp_path: Path) -> No
     config = make_config(tmp_path, registry={"local_port": 18098})
     stack = LocalStack(config, with_registry=True)
     stack._record_state(registry_started=True)  # what `up` records when it starts the registry
-    assert config.registry_url() == "http://127.0.0.1:18098/apis/ccompat/v7"
+    assert stack.config.registry_url() == "http://127.0.0.1:18098/apis/ccompat/v7"  # read again by the stack
+    assert make_config(tmp_path, registry={"local_port": 18098}).registry_url() == stack.config.registry_url()
     stack.down()
     with pytest.raises(ConfigError, match=r"registry.url is empty"):
-        config.registry_url()
+        stack.config.registry_url()
+    with pytest.raises(ConfigError, match=r"registry.url is empty"):
+        make_config(tmp_path, registry={"local_port": 18098}).registry_url()

@@ -157,17 +157,17 @@ def test_the_password_reaches_the_server_and_a_wrong_one_is_refused(fake, monkey
 
 
 def test_kdq_sql_prints_each_table_and_stops_at_a_refused_statement(fake, monkeypatch, capsys) -> None:
-    from kdq import cli
+    from kdq import cli_sql
 
     service, url = fake
     monkeypatch.delenv("KDQ_SQL_PASSWORD", raising=False)
     args = argparse.Namespace(statement=["SELECT 1", "SELECT boom", "SELECT 3"], limit=50)
-    assert cli._sql_through(url, args) == 1
+    assert cli_sql.sql_through(url, args) == 1
     out, err = capsys.readouterr()
     assert out == TABLE + "\n"  # as print(df._show_string(...)) prints it
     assert "kdq sql: [TABLE_OR_VIEW_NOT_FOUND] The table `boom` cannot be found." in err
     assert len(service.executed) == 2 and service.executed[0].plan.root.show_string.num_rows == 50
     assert len(service.released) == 1
     args.statement = ["SELECT 1", "SELECT 2"]
-    assert cli._sql_through(url, args) == 0
+    assert cli_sql.sql_through(url, args) == 0
     assert capsys.readouterr().out == (TABLE + "\n") * 2

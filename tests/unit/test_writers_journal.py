@@ -14,8 +14,9 @@ import pytest
 
 from kdq import writers_journal as wj
 from kdq.job_reports import MaintenanceReport
+from kdq.quality_health import stream_health, writers_json
 from kdq.quality_html import render_page
-from kdq.quality_page import PageRange, build_model, stream_health, writers_json
+from kdq.quality_page import PageRange, build_model
 from kdq.stream.state import atomic_write_json, state_dir
 from tests.conftest import make_config
 

@@ -2,7 +2,9 @@
 
 Ports are chosen once (free loopback ports, unless configured) and recorded
 in ``<data_dir>/stack/state.json``; every later process (the stream, batch
-jobs, the CLI, Airflow tasks) resolves the broker and InfluxDB from there.
+jobs, the CLI, Airflow tasks) resolves the broker and InfluxDB from there when
+it loads its config. The stack reads them again itself once it has recorded
+them (``LocalStack.config``).
 """
 
 from __future__ import annotations
@@ -103,12 +105,13 @@ class LocalStack:
         the stream the same way). Without it the cluster shape is the bare one of `kdq up --cluster`, the
         tests and the cluster benchmark: 1-core workers and no SQL endpoint (an always-on application would
         hold one of the two cores)."""
-        self.config = config
         recorded = bool(config.local_state().get("cluster"))
         self.cluster = recorded if cluster is None else cluster
         self.product = product
         self.with_sql_endpoint = with_sql_endpoint and (product or not self.cluster)
         ports = _ports(config, self.cluster)
+        # The ports are recorded now: the stack's config and its components' resolve its addresses from them.
+        self.config = config = config.reload_stack_addresses()
         extra_nodes = [
             (ports[f"kafka{n}_port"], ports[f"kafka{n}_controller_port"]) for n in range(2, CLUSTER_KAFKA_NODES + 1)
         ] if self.cluster else []
@@ -210,14 +213,22 @@ class LocalStack:
         cluster_keys = ("kafka_bootstrap", "spark_master", "spark_worker_cores")
         new_state = {k: v for k, v in state.items() if k not in cluster_keys} | shape
         if new_state != state:
-            self.config.state_file.parent.mkdir(parents=True, exist_ok=True)
-            self.config.state_file.write_text(json.dumps(new_state, indent=2))
+            self._write_state(new_state)
 
     def _record_state(self, **values: Any) -> None:
         state = self.config.local_state()
         if any(state.get(k) != v for k, v in values.items()):
-            self.config.state_file.parent.mkdir(parents=True, exist_ok=True)
-            self.config.state_file.write_text(json.dumps(state | values, indent=2))
+            self._write_state(state | values)
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        """Record ``state`` in the state file; the stack's config and its components' then read the addresses
+        again (a Config reads them once, when built: kdq.config.local_stack)."""
+        self.config.state_file.parent.mkdir(parents=True, exist_ok=True)
+        self.config.state_file.write_text(json.dumps(state, indent=2))
+        self.config = self.config.reload_stack_addresses()
+        for component in (self.kafka, self.spark, self.influx, self.airflow, self.sql_endpoint, self.registry):
+            if component is not None:
+                component.config = component.config.reload_stack_addresses()
 
     def down(self) -> list[str]:
         """Stop every component; returns the names of those that were running."""
