@@ -4,13 +4,14 @@ the InfluxDB catch-up: the batch layer's pushes (its step 4, :mod:`kdq.spark.bat
 
 :func:`push_corrections` sends the current absolute counts of corrected keys (the hourly push, a rebuild's)
 and returns a :class:`CountsPush`; :func:`influx_catch_up` re-pushes every window updated since the stream
-last failed to reach InfluxDB (and the summaries' rows, through their outputs).
+last failed to reach InfluxDB (and the summaries' rows, through their outputs). :func:`push_batch_influx` is
+the speed layer's InfluxDB write of a micro-batch, whose failure that catch-up repairs.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config
-from kdq.influx import InfluxWriteError
+from kdq.influx import InfluxSink, InfluxWriteError, Point
 from kdq.intervals import iso
 from kdq.job_reports import CatchUpReport
 from kdq.metrics_topic import ensure_metrics_topic
@@ -29,6 +30,7 @@ from kdq.spark.writers import now_ms
 from kdq.tables import WINDOW_COUNTS
 
 log = logging.getLogger("kdq.batch")
+stream_log = logging.getLogger("kdq.stream")
 
 
 @dataclass(frozen=True)
@@ -165,3 +167,42 @@ def influx_catch_up(
         report.cleared = state.clear(started, covered_from_ms=since)
     log.info("InfluxDB catch-up since %s: %d points", iso(since), report.points)
     return report
+
+
+def push_batch_influx(
+    config: Config,
+    points: Sequence[Point],
+    batch_id: int,
+    input_rows_by_topic: Mapping[str, int],
+    late_rows: Mapping[str, int],
+    batch_started_ms: int,
+    on_failure: Callable[[int, str], None],
+) -> bool:
+    """A micro-batch's InfluxDB write: its windows' count ``points`` and its health per topic (measurement
+    ``kdq.stream``: ``late_rows``, ``input_rows``, tag ``topic``). Whether it was written; a refused write
+    does not stop the stream: it goes to ``on_failure`` (the push state :func:`influx_catch_up` reads)."""
+    if not config.influxdb.enabled:
+        return True
+    progress = [
+        Point(
+            "kdq.stream",
+            batch_started_ms,
+            {"late_rows": int(late_rows.get(topic, 0)), "input_rows": int(rows)},
+            {"topic": topic},
+        )
+        for topic, rows in input_rows_by_topic.items()
+    ]
+    try:
+        InfluxSink(config).write(list(points) + progress)
+        return True
+    except (InfluxWriteError, Exception) as exc:
+        # The stream keeps going: counts are safe in Delta, and the batch
+        # layer's catch-up pushes every row updated since this moment.
+        stream_log.error(
+            "InfluxDB push failed for batch %d (%d points); recorded for catch-up: %s",
+            batch_id,
+            len(points),
+            exc,
+        )
+        on_failure(batch_started_ms, str(exc)[:500])
+        return False
