@@ -32,7 +32,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(spark, config: Config, args: argparse.Namespace) -> CatchUpReport:
     """Catch up in an existing session; returns its report (a refused InfluxDB write raises)."""
-    from kdq.spark.batch_layer import influx_catch_up
+    from kdq.spark.outputs import influx_catch_up
 
     return influx_catch_up(spark, config, since_ms=getattr(args, "since", None), force=getattr(args, "force", False))
 

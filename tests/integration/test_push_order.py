@@ -14,7 +14,7 @@ import uuid
 from confluent_kafka import Consumer, TopicPartition
 
 from kdq.influx import InfluxSink, Point
-from kdq.spark import batch_layer as bl
+from kdq.spark.outputs import influx_catch_up, push_corrections
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.stream.state import InfluxPushState
 from kdq.tables import WINDOW_COUNTS
@@ -75,11 +75,11 @@ def test_a_batch_push_never_replaces_a_newer_influx_point(spark, local_stack, tm
         ]
     )
 
-    pushed = bl.push_corrections(spark, config, [(topic, W0, "valid"), (topic, W1, "valid"), (topic, W1, "invalid")])
+    pushed = push_corrections(spark, config, [(topic, W0, "valid"), (topic, W1, "valid"), (topic, W1, "invalid")])
 
     assert influx_points(config, topic) == {W0: (7, 0), W1: (5, 1)}  # the newer W0 stays, W1 is brought up to date
     assert _influx_versions(config, topic) == {W0: version + 100, W1: version}
-    assert pushed["influx_ok"] and pushed["influx_points"] == 1 and pushed["influx_skipped"] == 1
+    assert pushed.influx_ok and pushed.influx_points == 1 and pushed.influx_skipped == 1
     # the metrics messages carry the version they were read at
     messages = [(k["window"], k["status"], int(v), dict(h)) for k, v, h in _metrics_headers(config) if k["topic"] == topic]
     assert sorted(messages) == [
@@ -98,7 +98,7 @@ def test_the_catch_up_never_replaces_a_newer_influx_point(spark, local_stack, tm
     version = _table_version(spark, config)
     InfluxSink(config).write([Point(topic, W0, {"valid": 9, "invalid": 0, "kdq_version": version + 1})])
 
-    report = bl.influx_catch_up(spark, config, since_ms=0)
+    report = influx_catch_up(spark, config, since_ms=0)
 
     assert influx_points(config, topic) == {W0: (9, 0), W1: (5, 0)}
     assert _influx_versions(config, topic) == {W0: version + 1, W1: version}

@@ -9,7 +9,9 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 
 from kdq.spark import batch_layer as bl
+from kdq.spark import recount
 from kdq.spark.push_reads import counts_version, read_windows_at
+from kdq.spark.recompute import scan_stats, table_totals
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import txn_version
 from kdq.tables import CORRECTIONS, RAW_ARCHIVE, WINDOW_COUNTS
@@ -114,16 +116,16 @@ def test_late_windows_reads_only_the_interval_and_recompute_counts_every_row(spa
     archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
 
     assert bl.stream_caught_up(spark, config, T2 + HOUR) is None  # no stream has run here
-    late = bl.late_windows(archive, T2, T2 + HOUR)
+    late = recount.late_windows(archive, T2, T2 + HOUR)
     found = {(r["topic"], r["w"]) for r in late.select("topic", F.unix_millis("window_start").alias("w")).collect()}
     assert found == {("orders", W0), ("orders", W0 - HOUR), ("payments", W0)}
     # Data skipping on ingest_time: only the interval's files (one per partition of that append) are read.
-    stats = bl.scan_stats(spark, late)
-    total = bl.table_totals(spark, table_path(config, RAW_ARCHIVE))
+    stats = scan_stats(spark, late)
+    total = table_totals(spark, table_path(config, RAW_ARCHIVE))
     assert stats["files"] == 2 and total["files"] == 5, (stats, total)
     assert 0 < stats["bytes"] < total["bytes"]
 
-    counts = bl.recompute_counts(archive, late, window_seconds=1)
+    counts = recount.recompute_counts(archive, late, window_seconds=1)
     got = {
         (r["topic"], r["w"], r["status"]): (r["count"], r["we"] - r["w"])
         for r in counts.select(
@@ -137,8 +139,8 @@ def test_late_windows_reads_only_the_interval_and_recompute_counts_every_row(spa
         ("payments", W0, "valid"): (1, 1000),
     }
     # Only the event_hour partitions of the windows are read (W0's and the hour before).
-    rows = bl.archive_rows_of(archive, late)
-    assert bl.scan_stats(spark, rows)["files"] == 4
+    rows = recount.archive_rows_of(archive, late)
+    assert scan_stats(spark, rows)["files"] == 4
 
 
 def test_apply_corrections_sets_absolute_counts_once_and_deletes_zeros(spark, tmp_path) -> None:
@@ -156,7 +158,7 @@ def test_apply_corrections_sets_absolute_counts_once_and_deletes_zeros(spark, tm
     archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
     interval = (T2, T2 + HOUR)
 
-    new_counts = bl.recompute_counts(archive, bl.late_windows(archive, *interval), 1)
+    new_counts = recount.recompute_counts(archive, recount.late_windows(archive, *interval), 1)
     changed = bl.apply_corrections(spark, config, new_counts, "run-a", interval, "late_data")
     assert [(r["topic"], r["window_start_ms"], r["status"], r["old_count"], r["new_count"]) for r in changed] == [
         ("orders", W0 - HOUR, "invalid", 0, 1),
@@ -189,7 +191,7 @@ def test_apply_corrections_sets_absolute_counts_once_and_deletes_zeros(spark, tm
 
     # Re-running the interval: nothing differs, so no commit at all and no new corrections.
     versions = (_version(spark, config, WINDOW_COUNTS), _version(spark, config, CORRECTIONS))
-    new_counts = bl.recompute_counts(archive, bl.late_windows(archive, *interval), 1)
+    new_counts = recount.recompute_counts(archive, recount.late_windows(archive, *interval), 1)
     assert bl.apply_corrections(spark, config, new_counts, "run-b", interval, "late_data") == []
     assert (_version(spark, config, WINDOW_COUNTS), _version(spark, config, CORRECTIONS)) == versions
     assert len(_corrections(spark, config)) == 5
@@ -208,7 +210,7 @@ def test_an_interrupted_run_is_completed_without_recording_twice(spark, tmp_path
     bl.append_corrections(spark, config, first, "run-a", interval, app_id, 0, reason="late_data")
     assert _counts(spark, config)[("orders", W0, "valid")] == (2, "stream")
 
-    new_counts = bl.recompute_counts(archive, bl.late_windows(archive, *interval), 1)
+    new_counts = recount.recompute_counts(archive, recount.late_windows(archive, *interval), 1)
     changed = bl.apply_corrections(spark, config, new_counts, "run-b", interval, "late_data")
     assert [(r["status"], r["old_count"], r["new_count"]) for r in changed] == [("valid", 2, 3)]
     assert _counts(spark, config)[("orders", W0, "valid")] == (3, "batch")

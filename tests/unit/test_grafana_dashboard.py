@@ -6,7 +6,7 @@ The InfluxDB contract is taken from the code that writes it, not restated here:
 - streaming summaries (``kdq.summaries.summary_point``, for every summary of the repository's kdq.toml,
   which the compose deployment mounts): measurement = summary name, tags ``topic`` and the group fields,
   fields ``count``, ``rejected`` and the statistics (``mean``, ``p50``, ...);
-- ``kdq.stream`` (the speed layer's per-batch health, ``SpeedLayer._push_influx``): tag ``topic``, the fields
+- ``kdq.stream`` (the speed layer's per-batch health, ``kdq.spark.outputs.push_batch_influx``): tag ``topic``, the fields
   of its ``Point("kdq.stream", ...)`` literal.
 
 A panel that filters on another measurement or field would show "No data" forever,
@@ -39,9 +39,9 @@ def _written_contract() -> tuple[set[str], dict[str, set[str]], dict[str, set[st
 
     (point,) = count_points([{"topic": "t", "window_start_ms": 0, "valid": 1, "invalid": None}])
     topic_fields = set(point.fields)
-    source = (PROJECT_ROOT / "include" / "kdq" / "spark" / "speed_layer.py").read_text()
+    source = (PROJECT_ROOT / "include" / "kdq" / "spark" / "outputs.py").read_text()
     literal = re.search(r'Point\(\s*"kdq\.stream",[^{]*\{(?P<fields>[^}]*)\},\s*\{(?P<tags>[^}]*)\}', source)
-    assert literal, 'speed_layer.py no longer writes Point("kdq.stream", ...): update the dashboard and this test'
+    assert literal, 'outputs.py no longer writes Point("kdq.stream", ...): update the dashboard and this test'
     fields = {"kdq.stream": set(re.findall(r'"([a-z_]+)":', literal["fields"]))}
     tags = {"kdq.stream": set(re.findall(r'"([a-z_]+)":', literal["tags"]))}
     summaries = {}

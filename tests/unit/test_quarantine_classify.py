@@ -11,7 +11,7 @@ import pytest
 from kdq.config import StreamConfig
 from kdq.rules import load_rules
 from kdq.spark import transforms
-from kdq.spark.speed_layer import FaultInjector
+from kdq.spark.faults import FaultInjector
 from tests.conftest import PROJECT_ROOT
 
 T0 = 1_700_000_000_000

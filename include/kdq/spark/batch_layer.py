@@ -3,7 +3,7 @@
 One run covers one **interval of ingest time** ``[start, end)`` (Airflow's data
 interval, hourly):
 
-1. :func:`late_windows` — the (topic, window_start) pairs of archive rows
+1. :func:`kdq.spark.recount.late_windows` — the (topic, window_start) pairs of archive rows
    ingested in the interval that the stream did not count (``counted =
    false``), plus rows loaded by another job (``source <> 'stream'``). The
    late rows can belong to *any* earlier hour, so their ``event_hour``
@@ -11,14 +11,14 @@ interval, hourly):
    per-file min/max statistics of ``ingest_time`` instead. The stream writes
    one set of files per micro-batch, each with a single ingest time, so all
    but the interval's files are skipped without being opened.
-2. :func:`recompute_counts` — absolute counts of those windows from *all*
+2. :func:`kdq.spark.recount.recompute_counts` — absolute counts of those windows from *all*
    their archive rows (counted or not), with the same
    :func:`kdq.spark.transforms.count_windows` the stream uses; only the
    ``event_hour`` partitions of those windows are read.
 3. :func:`apply_corrections` — compares with ``window_counts``, MERGEs the
    rows that differ (``updated_by = 'batch'``) and appends one ``corrections``
    row per changed (topic, window, status), old → new.
-4. :func:`push_corrections` — absolute counts of the corrected windows to the
+4. :func:`kdq.spark.outputs.push_corrections` — absolute counts of the corrected windows to the
    metrics topic and InfluxDB (both fields).
 5. :func:`correct_interval_reasons` — the reasons of the interval's late invalid
    rows into ``invalid_reasons`` (the stream appends those of the rows it counts).
@@ -27,8 +27,11 @@ Windows whose oldest raw rows archive retention deleted count those rows
 through ``retired_counts`` (:mod:`kdq.spark.retention`): a late record adds
 to the full count, never replaces it with a partial one.
 
-:func:`influx_catch_up` re-pushes every window updated since the stream last
+:func:`kdq.spark.outputs.influx_catch_up` re-pushes every window updated since the stream last
 failed to reach InfluxDB.
+
+Steps 1 and 2 are pure transforms (:mod:`kdq.spark.recount`), step 4 and the catch-up the outputs
+(:mod:`kdq.spark.outputs`); this module is the Delta side: the corrections and the window-counts MERGE.
 
 **Zero counts.** The stream never stores a zero: a status a window has not
 seen has no row (it reads as 0). The batch layer keeps that invariant: when a
@@ -64,150 +67,36 @@ re-run); they are absolute values, so re-sending them is harmless.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kdq.config import Config, StreamConfig
-from kdq.influx import InfluxWriteError
+from kdq.config import Config
 from kdq.intervals import batch_app_id, iso
-from kdq.job_reports import CatchUpReport
-from kdq.metrics_topic import ensure_metrics_topic
-from kdq.push_order import push_ordered
 from kdq.spark import transforms
 from kdq.spark.corrections import latest_attempt, record_then_apply
-from kdq.spark.push_reads import latest_reader
-from kdq.spark.retention import counts_with_retired
-from kdq.spark.tables import ensure_tables, table_path
+from kdq.spark.recount import late_reason_counts
+from kdq.spark.tables import table_path
 from kdq.spark.writers import (
     STALE_READ,
     adjust_invalid_reasons,
     append_once,
     idempotent_write,
-    now_ms,
     retry_on_conflict,
 )
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import CORRECTIONS, WINDOW_COUNTS
-from kdq.windows import DAY_MS, event_hour
+from kdq.windows import DAY_MS
 
 log = logging.getLogger("kdq.batch")
 
 STATUSES = (transforms.VALID, transforms.INVALID)
 BATCH = "batch"
-STREAM_SOURCE = "stream"
 
 
 def _ts(ms: int):
     return F.timestamp_millis(F.lit(int(ms)))
-
-
-# -- what a read costs ---------------------------------------------------------------------------
-
-
-def scan_stats(spark: SparkSession, df: DataFrame) -> dict[str, int]:
-    """Files and bytes a DataFrame will read, after partition pruning and Delta data skipping.
-
-    ``inputFiles()`` reflects Delta's file skipping (the optimizer prepares
-    the Delta scan with the query's filters); sizes come from one listing per
-    folder rather than one request per file, which matters on object stores.
-    """
-    files = df.inputFiles()
-    by_dir: dict[str, set[str]] = defaultdict(set)
-    for uri in files:
-        folder, _, name = uri.rpartition("/")
-        by_dir[folder].add(name)
-    jvm = spark._jvm
-    conf = spark._jsc.hadoopConfiguration()
-    size = 0
-    for folder, names in by_dir.items():
-        path = jvm.org.apache.hadoop.fs.Path(folder)
-        for status in path.getFileSystem(conf).listStatus(path):
-            if status.getPath().getName() in names:
-                size += status.getLen()
-    return {"files": len(files), "bytes": size}
-
-
-def table_totals(spark: SparkSession, path: str) -> dict[str, int]:
-    """Files and bytes of a Delta table's current snapshot (from its log), to set a scan's cost against."""
-    from delta.tables import DeltaTable
-
-    row = DeltaTable.forPath(spark, path).detail().select("numFiles", "sizeInBytes").first()
-    return {"files": int(row["numFiles"] or 0), "bytes": int(row["sizeInBytes"] or 0)}
-
-
-# -- pure transforms -------------------------------------------------------------------------------
-
-
-def late_windows(archive_df: DataFrame, start_ms: int, end_ms: int) -> DataFrame:
-    """(topic, window_start) of archive rows ingested in [start, end) that the stream did not count.
-
-    Also rows another job loaded (``source <> 'stream'``): their windows were
-    never counted by the stream at all. The ``ingest_time`` range is a literal
-    predicate, so Delta skips every file whose ingest_time statistics miss it.
-    """
-    return (
-        archive_df.where((F.col("ingest_time") >= _ts(start_ms)) & (F.col("ingest_time") < _ts(end_ms)))
-        .where(counted_by_batch_layer())
-        .select("topic", "window_start")
-        .distinct()
-    )
-
-
-def counted_by_batch_layer() -> Column:
-    """Archive rows the hourly recompute of their ingest interval counts: those the stream did not count
-    (too late), and those another job loaded (``source <> 'stream'``)."""
-    return ~F.col("counted") | (F.coalesce(F.col("source"), F.lit("")) != STREAM_SOURCE)
-
-
-def awaiting_recompute(recomputed_before_ms: int) -> Column:
-    """Rows a later interval's recompute will count, once every interval before ``recomputed_before_ms``
-    is recomputed: those :func:`counted_by_batch_layer` picks, ingested at or after that instant."""
-    return counted_by_batch_layer() & (F.col("ingest_time") >= _ts(recomputed_before_ms))
-
-
-def _window_hours(windows_df: DataFrame) -> list[str]:
-    starts = windows_df.select(F.unix_millis("window_start").alias("ms")).distinct().collect()
-    return sorted({event_hour(row["ms"]) for row in starts})
-
-
-def archive_rows_of(archive_df: DataFrame, windows_df: DataFrame, hours: Sequence[str] | None = None) -> DataFrame:
-    """Every archived record of the given windows once, reading only their ``event_hour`` partitions.
-
-    ``event_hour`` is the UTC hour of window_start (the session factory pins
-    the session time zone to UTC, which is how the stream wrote it).
-    """
-    windows = windows_df.select("topic", "window_start").distinct()
-    hours = _window_hours(windows) if hours is None else list(hours)
-    if not hours:
-        return archive_df.where(F.lit(False))
-    rows = archive_df.where(F.col("event_hour").isin(hours)).join(
-        F.broadcast(windows), ["topic", "window_start"], "left_semi"
-    )
-    return transforms.one_row_per_record(rows)
-
-
-def recompute_counts(
-    archive_df: DataFrame, windows_df: DataFrame, window_seconds: int, retired: DataFrame | None = None
-) -> DataFrame:
-    """Absolute (topic, window_start, window_end, status, count, rules_version) of the given windows.
-
-    Counts every archived row of each window, whether the stream counted it
-    or not, with the stream's own count transform: the archive carries the
-    valid flag and window_start the shared classifier computed, so both
-    layers agree by construction. Statuses with a zero count have no row.
-    With ``retired`` (the ``retired_counts`` table), rows archive retention
-    deleted count through their retired counts (:mod:`kdq.spark.retention`):
-    a late record for a retired window adds to its full count.
-    """
-    rows = archive_rows_of(archive_df, windows_df)
-    stream = StreamConfig(window_seconds=window_seconds)
-    if retired is None:
-        return transforms.count_windows(rows.drop("counted"), stream)
-    return counts_with_retired(rows, retired, windows_df, stream)
 
 
 # -- Delta side effects ----------------------------------------------------------------------------
@@ -426,7 +315,7 @@ def apply_corrections(
 ) -> list[dict]:
     """MERGE recomputed absolute counts where they differ from window_counts, recording each change.
 
-    ``new_counts`` is :func:`recompute_counts`' output; windows absent from it
+    ``new_counts`` is :func:`kdq.spark.recount.recompute_counts`' output; windows absent from it
     are not touched. Returns the changed rows: topic, window_start_ms,
     window_end_ms, status, old_count, new_count (also as ``count``),
     rules_version. Idempotent per interval (see the module docstring); retried
@@ -483,16 +372,6 @@ def reasons_marker(interval_start_ms: int) -> int:
     return -int(interval_start_ms)
 
 
-def late_reason_counts(archive_df: DataFrame, start_ms: int, end_ms: int, reasons_window_seconds: int) -> DataFrame:
-    """Reasons of the invalid rows ingested in [start, end) that the stream did not count (the rows
-    :func:`late_windows` picks), per (topic, coarse window, reason), each record once."""
-    rows = (
-        archive_df.where((F.col("ingest_time") >= _ts(start_ms)) & (F.col("ingest_time") < _ts(end_ms)))
-        .where(counted_by_batch_layer())
-    )
-    return transforms.reason_counts(transforms.one_row_per_record(rows), reasons_window_seconds)
-
-
 def correct_interval_reasons(spark: SparkSession, config: Config, archive_df: DataFrame, interval: tuple[int, int]) -> int:
     """Bring ``invalid_reasons`` in line with the interval's late rows; returns the rows appended.
 
@@ -510,7 +389,7 @@ def correct_interval_reasons(spark: SparkSession, config: Config, archive_df: Da
     )
 
 
-# -- reading back and pushing -------------------------------------------------------------------------
+# -- reading back ---------------------------------------------------------------------------------------
 
 
 def interval_corrections(spark: SparkSession, config: Config, interval: tuple[int, int]) -> list[tuple[str, int, str]]:
@@ -525,102 +404,3 @@ def interval_corrections(spark: SparkSession, config: Config, interval: tuple[in
         .collect()
     )
     return sorted((r["topic"], int(r["w"]), r["status"]) for r in rows)
-
-
-def push_corrections(
-    spark: SparkSession, config: Config, keys: Iterable[tuple[str, int, str]], producer: Any = None
-) -> dict[str, Any]:
-    """Send the current absolute counts of corrected (topic, window, status) keys to both outputs.
-
-    Metrics topic: one message per key, the count read back from Delta (0
-    for a deleted row). InfluxDB: one point per window with both fields.
-    Ordered (:func:`kdq.push_order.push_ordered`): read at the table's latest
-    version while holding the push lock, sent with that version (the
-    ``kdq-version`` header, the ``kdq_version`` field), and a point InfluxDB
-    holds with a newer version is left alone, so an older value never
-    replaces a newer one the stream pushed meanwhile.
-    A metrics-topic failure raises; an InfluxDB failure is returned
-    (``influx_ok`` False, ``influx_error``) so the caller can record it for the catch-up.
-    """
-    keys = sorted(set(keys))
-    if not keys:
-        return {"metrics_sent": 0, "influx_points": 0, "influx_skipped": 0, "influx_ok": True}
-    ensure_metrics_topic(config)  # compacted; a producer would otherwise auto-create it without compaction
-    return push_ordered(
-        config, latest_reader(spark, config), [(t, ms) for t, ms, _ in keys], keys, producer=producer
-    )
-
-
-def influx_catch_up(
-    spark: SparkSession,
-    config: Config,
-    since_ms: int | None = None,
-    force: bool = False,
-    chunk: int = 5000,
-) -> CatchUpReport:
-    """Push every window with a window_counts row updated at or after ``since_ms`` to InfluxDB.
-
-    ``since_ms`` defaults to the stream's pending push state (the start of the
-    first batch whose push failed); with neither, nothing is done unless
-    ``force`` (then every window is pushed). Points carry absolute values, so
-    re-pushing is harmless, and each chunk is read at the latest version just
-    before it is written, never replacing a newer point (:mod:`kdq.push_order`).
-    Afterwards the pending state forgets the failures recorded before this run
-    started that it covered (:meth:`kdq.stream.state.InfluxPushState.clear`):
-    one recorded while it ran, or pending from before ``since_ms``, stays.
-    """
-    from kdq.stream.state import InfluxPushState
-
-    ensure_tables(spark, config)
-    state = InfluxPushState(config)
-    before = state.read()
-    pending = before.get("pending_since_ms")
-    since = since_ms if since_ms is not None else pending
-    report = CatchUpReport(since_ms=since, pending_since_ms=pending)
-    if not config.influxdb.enabled:
-        report.skipped = "influxdb.enabled is false"
-        return report
-    if since is None:
-        if not force:
-            report.skipped = "nothing pending"
-            return report
-        since = 0
-        report.since_ms = 0
-    started = now_ms()
-    updated = (
-        spark.read.format("delta").load(table_path(config, WINDOW_COUNTS))
-        .where(F.col("updated_at") >= _ts(since))
-        .select("topic", F.unix_millis("window_start").alias("ms"))
-        .distinct()
-    )
-    # Each chunk is read again at the table's latest version while holding the push lock, right before it
-    # is written, and InfluxDB points already holding a newer version are skipped
-    # (:func:`kdq.push_order.push_ordered`): a window the stream updated after this listing keeps the
-    # stream's newer value.
-    read = latest_reader(spark, config)
-    windows: list[tuple[str, int]] = []
-
-    def push(chunk_windows: list[tuple[str, int]]) -> None:
-        pushed = push_ordered(config, read, chunk_windows)
-        if not pushed["influx_ok"]:
-            raise InfluxWriteError(pushed.get("influx_error", "InfluxDB push failed"))
-        report.points += pushed["influx_points"]
-        report.skipped_newer += pushed["influx_skipped"]
-
-    for row in updated.toLocalIterator():
-        windows.append((row["topic"], int(row["ms"])))
-        if len(windows) >= chunk:
-            push(windows)
-            windows = []
-    if windows:
-        push(windows)
-    if config.summaries:  # streaming summaries updated since then, too (their stream push shares the pending state)
-        from kdq.spark.summaries import push_updated_to_influx
-
-        report.summary_points = push_updated_to_influx(spark, config, since, chunk)
-    if pending is not None:
-        # Under the state's lock: forgets the failures recorded before this run started whose rows it
-        # covered; one recorded while it ran (or pending from before ``since``) stays for the next run.
-        report.cleared = state.clear(started, covered_from_ms=since)
-    log.info("InfluxDB catch-up since %s: %d points", iso(since), report.points)
-    return report

@@ -52,6 +52,7 @@ from kdq.job_reports import ExpectationsReport
 from kdq.rules import load_rules
 from kdq.spark.tables import table_path
 from kdq.spark.writers import delta_snapshot, insert_absent, retry_on_conflict
+from kdq.step_clock import StepClock
 from kdq.stream.failures import read_failure, running_batch
 from kdq.stream.state import stream_status
 from kdq.tables import INCIDENT_NOTIFICATIONS, INCIDENTS, INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
@@ -291,22 +292,6 @@ def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
              "%d notifications (%s)", window.first_minute, window.last_minute, counts_version, result.verdicts,
              result.violated, len(result.changed), len(result.notifications), steps)
     return result
-
-
-class StepClock:
-    """Wall seconds per named step, into ``into`` (a report's dict) when given."""
-
-    def __init__(self, into: dict[str, float] | None = None) -> None:
-        self.seconds = into if into is not None else {}
-        self._since = time.monotonic()
-
-    def lap(self, step: str) -> None:
-        now = time.monotonic()
-        self.seconds[step] = round(self.seconds.get(step, 0.0) + now - self._since, 3)
-        self._since = now
-
-    def __str__(self) -> str:
-        return ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self.seconds.items())
 
 
 LEASE_SECONDS = 60.0  # a run that dies holds the evaluation for at most this long (on this host: not at all)

@@ -227,6 +227,7 @@ def recover_lost_batch(spark: SparkSession, config: Config, run_id: str) -> int:
     subset of its writes landed (see the module doc); returns the ``window_counts`` corrections.
     :class:`LostCheckpoint` when that cannot be done safely."""
     from kdq.spark import batch_layer as bl
+    from kdq.spark.recount import recompute_counts
     from kdq.spark.retention import read_retired
 
     archive = _archive(spark, config)
@@ -260,7 +261,7 @@ def recover_lost_batch(spark: SparkSession, config: Config, run_id: str) -> int:
                 "batch twice). Restore the checkpoint, or rebuild the range with `kdq job rebuild` first"
             )
         windows = _added_keys(spark, config, WINDOW_COUNTS, commit, ["topic", "window_start"]).distinct()
-        counts = bl.recompute_counts(archive, windows, size, read_retired(spark, config))
+        counts = recompute_counts(archive, windows, size, read_retired(spark, config))
         changed = bl.apply_corrections(
             spark, config, _with_empty_windows(counts, windows, size), run_id, (lost.updated_ms, lost.updated_ms + 1),
             "lost_checkpoint",
@@ -295,7 +296,7 @@ def recover_lost_batch(spark: SparkSession, config: Config, run_id: str) -> int:
             return 0
         rows = rows.where(F.col("ingest_time") == F.lit(latest))  # this stream's batch, not an older stream's
         windows = rows.select("topic", "window_start").distinct()
-        counts = bl.recompute_counts(archive, windows, size, read_retired(spark, config))
+        counts = recompute_counts(archive, windows, size, read_retired(spark, config))
         ms = int(rows.agg(F.unix_millis(F.max("ingest_time")).alias("ms")).first()["ms"])
         changed = bl.apply_corrections(spark, config, counts, run_id, (ms, ms + 1), "lost_checkpoint")
         if lost.reasons < batch:  # complete its reasons append under the lost stream's own guard

@@ -56,7 +56,7 @@ are best split (e.g. one day per run).
 
 The corrections of a rebuild are recorded with ``interval_start = from`` and
 ``interval_end = to``; corrected windows are pushed to the metrics topic and
-InfluxDB with :func:`kdq.spark.batch_layer.push_corrections`.
+InfluxDB with :func:`kdq.spark.outputs.push_corrections`.
 
 Finding stale windows after a rule change (``<current>`` is the topic's
 version, :meth:`kdq.rules.RuleSet.version_for` of the loaded rules)::
@@ -86,6 +86,8 @@ from kdq.rules import RuleSet
 from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
 from kdq.spark.corrections import record_then_apply
+from kdq.spark.outputs import push_corrections
+from kdq.spark.recount import archive_rows_of
 from kdq.spark.retention import read_retired, retired_hours
 from kdq.spark.stream_cut import StreamCut, archive_at, counts_at, reasons_at, stream_cut
 from kdq.spark.tables import table_path
@@ -165,7 +167,7 @@ def rebuild_counts(
         rows = reclassified.select("topic", "window_start", "valid", "rules_version")
         if outside.limit(1).count():
             # Windows outside the range that records moved into: their own archived rows count as archived.
-            others = bl.archive_rows_of(archive_df, outside).where(~in_range)
+            others = archive_rows_of(archive_df, outside).where(~in_range)
             rows = rows.unionByName(others.select("topic", "window_start", "valid", "rules_version"))
         counts = transforms.count_windows(rows, config.stream)
         new = [
@@ -400,15 +402,15 @@ def rebuild(
         keys = [(r["topic"], r["window_start_ms"], r["status"]) for r in changed]
         # Every window a rebuild of this range ever corrected: a run whose push failed is fixed by re-running.
         keys += bl.interval_corrections(spark, config, interval)
-        pushed = bl.push_corrections(spark, config, keys)
-        report.push = pushed
-        report.ok = bool(pushed["influx_ok"])
+        pushed = push_corrections(spark, config, keys)
+        report.push = pushed.to_dict()
+        report.ok = bool(pushed.influx_ok)
         if config.summaries:
             from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections
 
-            pushed = push_summary_corrections(spark, config, interval_summary_corrections(spark, config, interval))
-            report.summary_push = pushed
-            report.ok = report.ok and bool(pushed["influx_ok"])
+            summary_pushed = push_summary_corrections(spark, config, interval_summary_corrections(spark, config, interval))
+            report.summary_push = summary_pushed
+            report.ok = report.ok and bool(summary_pushed["influx_ok"])
     return report
 
 

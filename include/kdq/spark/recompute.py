@@ -2,7 +2,8 @@
 and ``spark_jobs/push_corrections.py`` call.
 
 :func:`recompute_interval` chains the steps of :mod:`kdq.spark.batch_layer` (late windows → absolute
-counts → corrections → reasons → push) and the streaming summaries' part
+counts → corrections → reasons → push; :mod:`kdq.spark.recount` and :mod:`kdq.spark.outputs` hold the
+transforms and the push) and the streaming summaries' part
 (:func:`kdq.spark.summaries.recompute_summaries`: same interval, same app id and protocol, their own
 tables); :func:`push_interval` is the push alone, for the DAG that recomputes with ``skip_push`` and
 pushes in a task of its own. Both return their typed report (:mod:`kdq.job_reports`).
@@ -15,14 +16,17 @@ catch-up, and the report says ``ok = false``.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config
 from kdq.intervals import iso
 from kdq.job_reports import PushReport, RecomputeReport, SummariesRecomputeReport
 from kdq.spark import batch_layer as bl
+from kdq.spark.outputs import push_corrections
+from kdq.spark.recount import archive_rows_of, awaiting_recompute, late_windows, recompute_counts
 from kdq.spark.retention import read_retired
 from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections, recompute_summaries
 from kdq.spark.tables import ensure_tables, table_path
@@ -32,6 +36,43 @@ from kdq.tables import RAW_ARCHIVE
 from kdq.writers_journal import WAITS
 
 log = logging.getLogger("kdq.batch")
+
+
+# -- what a read costs ---------------------------------------------------------------------------
+
+
+def scan_stats(spark: SparkSession, df: DataFrame) -> dict[str, int]:
+    """Files and bytes a DataFrame will read, after partition pruning and Delta data skipping.
+
+    ``inputFiles()`` reflects Delta's file skipping (the optimizer prepares
+    the Delta scan with the query's filters); sizes come from one listing per
+    folder rather than one request per file, which matters on object stores.
+    """
+    files = df.inputFiles()
+    by_dir: dict[str, set[str]] = defaultdict(set)
+    for uri in files:
+        folder, _, name = uri.rpartition("/")
+        by_dir[folder].add(name)
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    size = 0
+    for folder, names in by_dir.items():
+        path = jvm.org.apache.hadoop.fs.Path(folder)
+        for status in path.getFileSystem(conf).listStatus(path):
+            if status.getPath().getName() in names:
+                size += status.getLen()
+    return {"files": len(files), "bytes": size}
+
+
+def table_totals(spark: SparkSession, path: str) -> dict[str, int]:
+    """Files and bytes of a Delta table's current snapshot (from its log), to set a scan's cost against."""
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).detail().select("numFiles", "sizeInBytes").first()
+    return {"files": int(row["numFiles"] or 0), "bytes": int(row["sizeInBytes"] or 0)}
+
+
+# -- the run ---------------------------------------------------------------------------------------------
 
 
 class StreamBehind(RuntimeError):
@@ -72,8 +113,8 @@ def recompute_interval(
                 "--allow-stream-behind to recompute what is archived now"
             )
         log.warning("recomputing %s although the speed layer is behind (--allow-stream-behind)", iso(interval[1]))
-    late = bl.late_windows(archive, *interval)
-    late_scan = bl.scan_stats(spark, late)
+    late = late_windows(archive, *interval)
+    late_scan = scan_stats(spark, late)
     windows = [(r["topic"], int(r["ms"])) for r in late.select("topic", F.unix_millis("window_start").alias("ms")).collect()]
     report = RecomputeReport(
         run_id=run_id,
@@ -81,7 +122,7 @@ def recompute_interval(
         interval_end=iso(interval[1]),
         stream_caught_up=caught_up,
         late_windows=len(windows),
-        archive_total=bl.table_totals(spark, archive_path),
+        archive_total=table_totals(spark, archive_path),
         scanned_late_rows=late_scan,
     )
     changed: list[dict] = []
@@ -89,12 +130,12 @@ def recompute_interval(
         windows_df = spark.createDataFrame(windows, "topic STRING, ms BIGINT").select(
             "topic", F.timestamp_millis("ms").alias("window_start")
         )
-        report.scanned_recompute = bl.scan_stats(spark, bl.archive_rows_of(archive, windows_df))
+        report.scanned_recompute = scan_stats(spark, archive_rows_of(archive, windows_df))
         # Rows the stream left to the batch layer that arrived after the interval's end are the next run's
         # to count (its late_windows selects them); counting them here too would make this run's result
         # depend on when it read, and its reconcile (which leaves them out the same way) fail on correct data.
-        settled = archive.where(~bl.awaiting_recompute(interval[1]))
-        new_counts = bl.recompute_counts(settled, windows_df, config.stream.window_seconds, read_retired(spark, config))
+        settled = archive.where(~awaiting_recompute(interval[1]))
+        new_counts = recompute_counts(settled, windows_df, config.stream.window_seconds, read_retired(spark, config))
         changed = bl.apply_corrections(spark, config, new_counts, run_id, interval, reason)
         report.reason_corrections = bl.correct_interval_reasons(spark, config, archive, interval)
     report.corrections = len(changed)
@@ -109,9 +150,11 @@ def recompute_interval(
     if push:
         # Every window this interval ever corrected, not only this run's: a run whose push failed after
         # its Delta commits is fixed by running it again.
-        report.push = bl.push_corrections(spark, config, bl.interval_corrections(spark, config, interval))
-        if not report.push["influx_ok"]:
-            InfluxPushState(config).record_failure(started_ms, report.push.get("influx_error", "batch push failed"))
+        pushed = push_corrections(spark, config, bl.interval_corrections(spark, config, interval))
+        report.push = pushed.to_dict()
+        if not pushed.influx_ok:
+            error = pushed.influx_error if pushed.influx_error is not None else "batch push failed"
+            InfluxPushState(config).record_failure(started_ms, error)
             report.ok = False
     report.summaries = SummariesRecomputeReport.from_dict(recompute_summaries(spark, config, interval, run_id, reason, push=push))
     if not report.summaries.ok:
@@ -128,7 +171,7 @@ def push_interval(spark: SparkSession, config: Config, interval: tuple[int, int]
     ensure_tables(spark, config)
     keys = bl.interval_corrections(spark, config, interval)
     report = PushReport(interval_start=iso(interval[0]), interval_end=iso(interval[1]), corrected_keys=len(keys))
-    report.push = bl.push_corrections(spark, config, keys)
+    report.push = push_corrections(spark, config, keys).to_dict()
     summary_keys = interval_summary_corrections(spark, config, interval)
     report.corrected_summary_groups = len(summary_keys)
     report.summaries_push = push_summary_corrections(spark, config, summary_keys) if summary_keys else None

@@ -185,13 +185,14 @@ def count_mismatches(
 
     ``after_recompute`` (the hourly DAG's check of the ingest interval [from, to) its recompute just
     finished): rows a later interval's recompute will count are left out (see
-    :func:`kdq.spark.batch_layer.awaiting_recompute`), and the windows outside [from, to) that the interval's
+    :func:`kdq.spark.recount.awaiting_recompute`), and the windows outside [from, to) that the interval's
     late rows touched are checked too, so every correction the recompute made is checked.
     """
     from pyspark.sql import functions as F
 
     from kdq.spark import batch_layer as bl
     from kdq.spark import transforms
+    from kdq.spark.recount import archive_rows_of, awaiting_recompute, late_windows, recompute_counts
     from kdq.spark.retention import counts_with_retired, read_retired
     from kdq.spark.stream_cut import archive_at, counts_at, stream_cut
     from kdq.windows import range_dates, range_hours
@@ -226,21 +227,21 @@ def count_mismatches(
         # recompute that ran before this check (they count every row archived when they read). So a window
         # matches when its count lies between its rows without them and its rows with them; each of those
         # rows lies in a later ingest interval, whose own check counts it exactly.
-        pending = bl.awaiting_recompute(to_ms)
+        pending = awaiting_recompute(to_ms)
         covered["pending_rows"] = archive.where(pending).count()
         pending_counts = per_window_status(archive.where(pending), "pending")
         archive = archive.where(~pending)
-        windows = bl.late_windows(whole_archive, from_ms, to_ms).where(~in_range).persist()
+        windows = late_windows(whole_archive, from_ms, to_ms).where(~in_range).persist()
         try:
             covered["late_windows_checked"] = windows.count()
             if covered["late_windows_checked"]:
-                recounted = bl.recompute_counts(
+                recounted = recompute_counts(
                     whole_archive.where(~pending), windows, config.stream.window_seconds, whole_retired
                 )
                 differences = bl.count_differences(spark, config, recounted, cut.counts_version)
                 waiting = {}
                 if differences:
-                    late_pending = bl.archive_rows_of(whole_archive.where(pending), windows)
+                    late_pending = archive_rows_of(whole_archive.where(pending), windows)
                     waiting = {
                         (r["topic"], int(r["ms"]), r["status"]): int(r["pending"])
                         for r in per_window_status(late_pending, "pending")

@@ -39,31 +39,28 @@ until its commit is in the checkpoint):
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery
 
 from kdq import storage
 from kdq.config import Config
-from kdq.influx import InfluxSink, InfluxWriteError, Point
 from kdq.metrics_topic import ensure_metrics_topic, metrics_producer, produce_counts
 from kdq.push_order import push_lock, versioned_count_points
 from kdq.rules import RuleSet
 from kdq.spark import transforms
 from kdq.spark.classifier import ClassifierDocument
+from kdq.spark.faults import FaultInjector
 from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
 from kdq.spark.ledger import BatchLedger, RulesDocuments
+from kdq.spark.outputs import push_batch_influx
 from kdq.spark.push_reads import counts_version, read_range_at
 from kdq.spark.session import small_query_session
 from kdq.spark.tables import ensure_tables, table_path
@@ -74,8 +71,8 @@ from kdq.spark.writers import (
     now_ms,
     txn_version,
 )
-from kdq.stream import failures
-from kdq.stream import state as stream_state
+from kdq.step_clock import StepClock
+from kdq.stream import failures as batch_failures
 from kdq.stream.checkpoint_offsets import speed_layer_checkpoint
 from kdq.stream.micro_batch import increments_of, merge_maxima
 from kdq.stream.state import InfluxPushState
@@ -83,75 +80,6 @@ from kdq.tables import RAW_ARCHIVE
 from kdq.windows import subscribe_pattern
 
 log = logging.getLogger("kdq.stream")
-
-FAULT_POINTS = ("after_ledger", "after_archive", "after_merge", "after_metrics", "before_commit")
-
-
-@dataclass(frozen=True)
-class FaultInjector:
-    """Test switch: kill the process (SIGKILL semantics, ``os._exit``) at a named point of a batch.
-
-    Set by the job's entrypoint from KDQ_FAULT_POINT / KDQ_FAULT_BATCH /
-    KDQ_FAULT_MARKER; the marker file makes it fire once, so the restarted
-    process runs through.
-    """
-
-    point: str | None = None
-    batch_id: int | None = None
-    marker: Path | None = None
-    # Fault switches for the tests of failing and hung batches: KDQ_FAULT_FAIL_VALUE fails every batch holding a record whose value contains it
-    # (a deterministic bug; quarantined records are exempt, as they skip classification);
-    # KDQ_FAULT_HANG_SECONDS sleeps at the start of batch KDQ_FAULT_BATCH or later (once per marker).
-    fail_value: str | None = None
-    hang_seconds: float | None = None
-
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> FaultInjector:
-        point = env.get("KDQ_FAULT_POINT") or None
-        if point is not None and point not in FAULT_POINTS:
-            raise ValueError(f"KDQ_FAULT_POINT: expected one of {FAULT_POINTS}, got {point!r}")
-        batch = env.get("KDQ_FAULT_BATCH")
-        marker = env.get("KDQ_FAULT_MARKER")
-        hang = env.get("KDQ_FAULT_HANG_SECONDS")
-        return cls(
-            point, int(batch) if batch else None, Path(marker) if marker else None,
-            env.get("KDQ_FAULT_FAIL_VALUE") or None, float(hang) if hang else None,
-        )
-
-    def maybe_hang(self, batch_id: int) -> None:
-        if not self.hang_seconds or (self.batch_id is not None and batch_id < self.batch_id):
-            return
-        if self.marker is not None:
-            if self.marker.exists():
-                return
-            self.marker.write_text(f"hang batch {batch_id}\n")
-        log.error("fault injection: batch %d hangs for %.0f s", batch_id, self.hang_seconds)
-        time.sleep(self.hang_seconds)
-
-    def poison(self, batch: DataFrame) -> DataFrame:
-        """Make any Spark job over a record containing ``fail_value`` fail (unless the record is quarantined)."""
-        if not self.fail_value:
-            return batch
-        hit = F.col("value").cast("string").contains(self.fail_value)
-        if transforms.QUARANTINED_COLUMN in batch.columns:
-            hit = hit & ~F.col(transforms.QUARANTINED_COLUMN)
-        message = F.concat(
-            F.lit("KDQ_FAULT_FAIL_VALUE: cannot process record "), F.col("topic"), F.lit(" partition "),
-            F.col("partition").cast("string"), F.lit(" offset "), F.col("offset").cast("string"),
-        )
-        return batch.withColumn("value", F.when(hit, F.raise_error(message)).otherwise(F.col("value")))
-
-    def maybe_crash(self, point: str, batch_id: int, rows: int) -> None:
-        if self.point != point or rows == 0:
-            return
-        if self.batch_id is not None and batch_id < self.batch_id:
-            return
-        if self.marker is not None:
-            if self.marker.exists():
-                return
-            self.marker.write_text(f"{point} batch {batch_id}\n")
-        log.error("fault injection: killing the process at %s of batch %d", point, batch_id)
-        os._exit(137)
 
 
 def checkpoint_dir(config: Config) -> str:
@@ -265,17 +193,13 @@ class SpeedLayer:
 
     # -- one micro-batch -----------------------------------------------------------
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        before_started = time.monotonic()
+        steps = StepClock(millis=True)  # whole milliseconds per step: the report's durations_ms
         batch = self._before_batch(batch, batch_id)  # progress for the supervisor, quarantine, test faults
-        started = time.monotonic()
         # "before": the batch's bookkeeping ahead of its work; mostly the archive's Delta snapshot update (the txn
         # check), which the archive append would otherwise pay (benchmarks/PERF_NOTES.md, "the small batch's latency").
-        timings: dict[str, int] = {"before": int((started - before_started) * 1000)}
-
-        def lap(name: str, since: list[float] = [started]) -> None:  # noqa: B006 - a per-call stopwatch
-            now = time.monotonic()
-            timings[name] = int((now - since[0]) * 1000)
-            since[0] = now
+        steps.lap("before")
+        timings: dict[str, int] = steps.durations
+        lap = steps.lap
 
         stream = self.config.stream
         current = self.ledger.read(batch_id)
@@ -378,7 +302,10 @@ class SpeedLayer:
                 lap("metrics_topic")
                 self.faults.maybe_crash("after_metrics", batch_id, report.input_rows)
 
-                report.influx_ok = self._push_influx(versioned_count_points(absolute, version), report, ingest_ms)
+                report.influx_ok = push_batch_influx(
+                    self.config, versioned_count_points(absolute, version), report.batch_id,
+                    report.input_rows_by_topic, report.late_rows, ingest_ms, self.push_state.record_failure,
+                )
             lap("influxdb")
             for write in writes:
                 write.result()
@@ -439,7 +366,7 @@ class SpeedLayer:
         the same id by its Kafka offset ranges (Spark's offset log)."""
         archive = self.spark.read.format("delta").load(self._archive_path)
         rows = archive.where((F.col("batch_id") == batch_id) & (F.col("source") == "stream"))
-        ranges = failures.offset_ranges(self.checkpoint, batch_id)
+        ranges = batch_failures.offset_ranges(self.checkpoint, batch_id)
         if ranges:
             scope = F.lit(False)
             for r in ranges:
@@ -486,7 +413,7 @@ class SpeedLayer:
     def _before_batch(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """First thing of every micro-batch: record its start (the supervisor's hung-batch check), decide
         which quarantined ranges apply, and mark their records so classify skips the classifier for them."""
-        failures.batch_started(self.config, batch_id)
+        batch_failures.batch_started(self.config, batch_id)
         self.faults.maybe_hang(batch_id)
         # Archived by an earlier attempt (the archive append is a batch's first output): then its archived rows
         # are its verdicts, whatever this attempt's clock, rules or quarantine list would say.
@@ -521,7 +448,7 @@ class SpeedLayer:
         says now. Without a quarantine list this costs one stat per batch (plus one on a replay).
         """
         replay = self.ledger.read(batch_id) is not None or self._archived
-        if not replay and not failures.quarantine_in_use(self.config):
+        if not replay and not batch_failures.quarantine_in_use(self.config):
             return []
         if self._quarantine_decisions is None:
             self._quarantine_decisions = BatchLedger(self.spark, str(self.checkpoint), directory="kdq_quarantine")
@@ -529,9 +456,9 @@ class SpeedLayer:
         if replay:
             recorded = decisions.read(batch_id)
             return list(recorded["entries"]) if recorded else []
-        entries = failures.read_quarantine(self.config)
-        ranges = failures.offset_ranges(self.checkpoint, batch_id)
-        applied = failures.overlapping(entries, ranges) if ranges else entries
+        entries = batch_failures.read_quarantine(self.config)
+        ranges = batch_failures.offset_ranges(self.checkpoint, batch_id)
+        applied = batch_failures.overlapping(entries, ranges) if ranges else entries
         previous = decisions.read(batch_id)
         if previous is not None and previous["entries"] != applied:
             # Safe to replace non-atomically: without a ledger entry, a missing decision is taken afresh.
@@ -571,126 +498,3 @@ class SpeedLayer:
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
-
-    def _push_influx(self, points: list[Point], report: BatchReport, batch_started_ms: int) -> bool:
-        if not self.config.influxdb.enabled:
-            return True
-        progress = [
-            Point(
-                "kdq.stream",
-                batch_started_ms,
-                {"late_rows": int(report.late_rows.get(topic, 0)), "input_rows": int(rows)},
-                {"topic": topic},
-            )
-            for topic, rows in report.input_rows_by_topic.items()
-        ]
-        try:
-            InfluxSink(self.config).write(points + progress)
-            return True
-        except (InfluxWriteError, Exception) as exc:
-            # The stream keeps going: counts are safe in Delta, and the batch
-            # layer's catch-up pushes every row updated since this moment.
-            log.error(
-                "InfluxDB push failed for batch %d (%d points); recorded for catch-up: %s",
-                report.batch_id,
-                len(points),
-                exc,
-            )
-            self.push_state.record_failure(batch_started_ms, str(exc)[:500])
-            return False
-
-
-def _offsets(text: str | None) -> dict:
-    """Kafka source offsets JSON ({topic: {partition: offset}}); anything else (null, empty) → {}."""
-    try:
-        value = json.loads(text) if text else {}
-    except (TypeError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-class ProgressRecorder(StreamingQueryListener):
-    """Writes each batch's progress and a heartbeat to ``<data_dir>/stream/`` (cheap, local, atomic)."""
-
-    def __init__(self, layer: SpeedLayer, history: int = 200) -> None:
-        self.layer = layer
-        self.dir = stream_state.state_dir(layer.config)
-        self.history = history
-        self.lock = threading.Lock()
-
-    def heartbeat(self, state: str, extra: dict | None = None) -> None:
-        with self.lock:
-            stream_state.atomic_write_json(
-                self.dir / stream_state.HEARTBEAT,
-                {"state": state, "pid": os.getpid(), "time_ms": now_ms(), "app_id": self.layer.app_id, **(extra or {})},
-            )
-
-    def onQueryStarted(self, event) -> None:  # noqa: N802 - Spark's listener API
-        self.heartbeat("running", {"query_id": str(event.id), "run_id": str(event.runId)})
-
-    def onQueryIdle(self, event) -> None:  # noqa: N802
-        self.heartbeat("running", {"idle": True})
-
-    def onQueryTerminated(self, event) -> None:  # noqa: N802
-        self.heartbeat("stopped", {"exception": event.exception})
-
-    def onQueryProgress(self, event) -> None:  # noqa: N802
-        try:
-            self._record(event.progress)
-        except Exception:  # a broken progress record must never take the stream down
-            log.exception("could not record progress of batch %s", getattr(event.progress, "batchId", "?"))
-
-    def _record(self, progress) -> None:
-        record = {
-            "batch_id": progress.batchId,
-            "timestamp": progress.timestamp,
-            "input_rows": progress.numInputRows,
-            "input_rows_per_second": progress.inputRowsPerSecond,
-            "processed_rows_per_second": progress.processedRowsPerSecond,
-            "duration_ms": dict(progress.durationMs or {}),
-        }
-        lag: dict[str, int] = {}
-        offsets: dict = {}
-        for source in progress.sources:
-            end = _offsets(source.endOffset)
-            latest = _offsets(source.latestOffset)
-            offsets = end
-            for topic, partitions in latest.items():
-                lag[topic] = sum(
-                    max(0, int(latest_off) - int(end.get(topic, {}).get(p, latest_off)))
-                    for p, latest_off in partitions.items()
-                )
-        record["end_offsets"] = offsets
-        record["consumer_lag"] = lag
-        report = self.layer.reports.get(progress.batchId)
-        if report is not None:
-            now = now_ms()
-            record.update(
-                late_rows=report.late_rows,
-                # per topic, the counted invalid rows beside input_rows_by_topic: the expectations run's hint
-                # that a topic just went bad (ExpectationSet.ratio_breaches)
-                input_rows_by_topic=report.input_rows_by_topic,
-                invalid_rows_by_topic=report.invalid_rows_by_topic,
-                event_time_lag_ms={t: now - ms for t, ms in report.max_event_ms.items()},
-                changed_windows=report.changed_windows,
-                influx_ok=report.influx_ok,
-                replayed=report.replayed,
-                writer_ms=report.durations_ms,
-                end_to_end_latency_ms=report.end_to_end_latency_ms(),
-            )
-        with self.lock:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            with open(self.dir / stream_state.PROGRESS_LOG, "a") as out:
-                out.write(json.dumps(record, default=str) + "\n")
-            stream_state.atomic_write_json(self.dir / stream_state.PROGRESS, record)
-        self.heartbeat("running", {"last_batch_id": progress.batchId})
-        failures.batch_finished(self.layer.config, progress.batchId)  # done; clears its failure
-        self._trim()
-
-    def _trim(self) -> None:
-        path = self.dir / stream_state.PROGRESS_LOG
-        if path.stat().st_size > 4 * 1024 * 1024:
-            lines = path.read_text().splitlines()[-self.history :]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("\n".join(lines) + "\n")
-            os.replace(tmp, path)

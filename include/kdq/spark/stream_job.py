@@ -95,8 +95,10 @@ def _run_owned(
 
     from kdq.registry_versions import current_rules
     from kdq.spark.classifier import check_rules
+    from kdq.spark.faults import FaultInjector
     from kdq.spark.lost_checkpoint import starting_offsets
-    from kdq.spark.speed_layer import FaultInjector, ProgressRecorder, SpeedLayer, checkpoint_dir
+    from kdq.spark.speed_layer import SpeedLayer, checkpoint_dir
+    from kdq.spark.stream_progress import ProgressRecorder
     from kdq.windows import topic_selected
 
     fenced = threading.Event()
