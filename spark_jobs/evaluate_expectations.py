@@ -72,6 +72,11 @@ HINT_SECONDS = 2.0
 PROGRESS_TAIL_BYTES = 64 * 1024  # the progress log's end: the micro-batches since the last evaluation
 
 
+def wall_clock_ms() -> int:
+    """The wall clock the evaluations are made at (one place, so a test can hold it still)."""
+    return int(time.time() * 1000)
+
+
 def run(spark, config: Config, args: argparse.Namespace) -> ExpectationsReport:
     from kdq.spark.expectations import IncidentsCache, evaluate_expectations, evaluation_inputs
 
@@ -79,7 +84,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> ExpectationsReport:
     deliver = getattr(args, "deliver", False)
     every, for_seconds = getattr(args, "every_seconds", 0.0), getattr(args, "for_seconds", 0.0)
     if not every:
-        now_ms = getattr(args, "now_ms", None) or int(time.time() * 1000)
+        now_ms = getattr(args, "now_ms", None) or wall_clock_ms()
         return evaluate_expectations(spark, config, now_ms, horizon, deliver=deliver)
     # Repeating: the machine is shared with the stream, so an evaluation runs only when what it reads changed
     # (or deliveries are still owed), and rests at least as long as the last one took (at most half the wall
@@ -92,7 +97,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> ExpectationsReport:
     started = not_before = next_look = time.monotonic()
     while True:
         tick = time.monotonic()
-        now_ms = int(time.time() * 1000)
+        now_ms = wall_clock_ms()
         urgent, newest = _breaching(config, seen_batch, incidents)
         urgent = urgent and bool(reports)
         if urgent or (tick >= next_look and tick >= not_before):

@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -126,9 +127,9 @@ class Traffic:
         append_archive(df, self.config, "test-expectations-archive", self.version, 0, "stream")
 
 
-def burst_a_minute_ago(spark, config, app_id: str) -> None:
+def burst_a_minute_ago(spark, config, app_id: str, now_ms: int | None = None) -> None:
     """Ten minutes of 100 valid records, then 400 invalid ones in the last whole minute of the wall clock."""
-    now_minute = int(dt.datetime.now(dt.UTC).timestamp() * 1000) // MINUTE_MS
+    now_minute = (now_ms or int(dt.datetime.now(dt.UTC).timestamp() * 1000)) // MINUTE_MS
     rows = [{"topic": "orders", "window_start_ms": (now_minute - back) * MINUTE_MS, "status": "valid", "count": 100,
              "rules_version": "r1"} for back in range(2, 12)]
     rows.append({"topic": "orders", "window_start_ms": (now_minute - 1) * MINUTE_MS, "status": "invalid",
@@ -266,7 +267,6 @@ def test_a_run_killed_between_its_writes_then_two_runs_at_once_notify_each_event
     row, one message per channel. Without the lease both runs would find the open notification undelivered and
     send it twice."""
     import subprocess
-    import time
 
     from kdq.spark.expectations import FAULT_ENV, evaluation_lease
     from kdq.spark.stream_process import child_env
@@ -343,7 +343,11 @@ def test_one_run_evaluates_on_the_clock_and_notifies_once(spark, tmp_path: Path,
     (rules / "topics.toml").write_text(TOPICS_TOML)
     config = make_config(tmp_path, paths={"rules_dir": str(rules)})
     ensure_tables(spark, config)
-    burst_a_minute_ago(spark, config, "test-expectations-every")
+    # The wall clock held still: a run that crosses a minute's end would otherwise evaluate a new horizon (a
+    # silent minute more, the incident's last-seen moved) and change a row the test counts.
+    frozen_ms = int(time.time() * 1000)
+    monkeypatch.setattr(evaluate_expectations, "wall_clock_ms", lambda: frozen_ms)
+    burst_a_minute_ago(spark, config, "test-expectations-every", frozen_ms)
     # After the first evaluation the stream counts a micro-batch that is 80 % invalid on payments (no incident
     # open there): the run evaluates for it at once, ahead of its regular looks.
     real_evaluation, evaluations = kdq.spark.expectations.evaluate_expectations, []
