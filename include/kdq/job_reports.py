@@ -17,6 +17,11 @@ Rules of the schema:
   in ``_ms`` (epoch millis); lists of examples (``changes``, ``mismatches``,
   ``problems``) hold at most the first 100 entries, the count beside them is the total;
 * a part that did not run is ``null`` (``push`` of a run with ``--skip-push``);
+* the streaming summaries' side of a report is spelled ``summaries``: a nested part ``summaries`` where
+  a job reports several of their fields (the recompute's, named like the counts' own), else the counts'
+  field name behind ``summaries_`` (``summaries_push``, ``summaries_corrections``); a push object is
+  :meth:`kdq.spark.outputs.CountsPush.to_dict` for the counts, :meth:`kdq.spark.summaries.SummariesPush.to_dict`
+  for the summaries;
 * readers ignore keys they do not know, so a job can gain a field without breaking
   an older reader; a job never renames or drops one without changing its readers.
 
@@ -84,7 +89,8 @@ class SummariesRecomputeReport(JobReport):
     ``late_windows``: (summary, topic, window)s the stream left to the batch layer for the interval;
     ``corrections``: groups whose state this run changed (``changes``: the first 100, KEY and old/new count);
     ``retired_windows_kept``: late windows whose archive hours retention deleted (stored state kept);
-    ``push``: what was sent (``summary_messages``, ``influx_ok``, ``influx_error``), null without a push.
+    ``push``: what was sent (``summary_messages``, ``influx_ok``, ``influx_error``: a ``SummariesPush``), null
+    without a push.
     ``ok`` is false when InfluxDB refused the push. ``seconds`` is not measured for the part (0).
     """
 
@@ -136,8 +142,9 @@ class PushReport(JobReport):
     """``push_corrections``: every correction ever recorded for the interval, pushed again.
 
     ``corrected_keys``: (topic, window, status) pushed; ``push``: ``metrics_sent``, ``influx_points``,
-    ``influx_ok``, ``influx_error``; ``corrected_summary_groups`` / ``summaries_push``: the same for the
-    streaming summaries (null when none). ``ok`` is false when InfluxDB refused a push.
+    ``influx_ok``, ``influx_error``; ``corrected_summary_groups`` / ``summaries_push`` (``summary_messages``,
+    ``influx_ok``, ``influx_error``): the same for the streaming summaries (null when none). ``ok`` is false
+    when InfluxDB refused a push.
     """
 
     interval_start: str = ""
@@ -155,9 +162,9 @@ class RebuildReport(JobReport):
     ``archive_rows``: rows re-judged; ``windows``: windows recomputed; ``corrections`` (``rule_change`` of
     them because the rules changed; ``changes``: the first 100); ``version_only``: rows whose count stayed
     but whose rules version moved; ``archive_rows_updated``: archive rows whose classification changed
-    (null with ``--keep-archive``); ``summary_corrections`` / ``summary_push``: the streaming summaries'
-    part (null without summaries); ``rules_version``: the rules applied. ``ok`` is false when InfluxDB
-    refused a push.
+    (null with ``--keep-archive``); ``summaries_corrections`` (groups whose summary state changed, one
+    ``summary_corrections`` row each) / ``summaries_push``: the streaming summaries' part (null without
+    summaries); ``rules_version``: the rules applied. ``ok`` is false when InfluxDB refused a push.
     """
 
     run_id: str = ""
@@ -171,10 +178,10 @@ class RebuildReport(JobReport):
     version_only: int = 0
     reason_corrections: int = 0
     changes: list[dict] = field(default_factory=list)
-    summary_corrections: int | None = None
+    summaries_corrections: int | None = None
     archive_rows_updated: int | None = None
     push: dict[str, Any] | None = None
-    summary_push: dict[str, Any] | None = None
+    summaries_push: dict[str, Any] | None = None
     rules_version: str = ""
 
 

@@ -265,7 +265,7 @@ def test_rebuild_after_a_rule_change_corrects_the_summaries_of_its_range(spark, 
     schema.write_text(json.dumps({"type": "object", "properties": {"value": {"type": "number", "minimum": 0}}}))
     args = argparse.Namespace(from_ms=lo, to_ms=hi, topics=[topic], run_id="rb-1", skip_push=False, keep_archive=False)
     summary = rebuild_job.run(spark, config, args)
-    assert summary["ok"] and summary["summary_corrections"] == 4, summary
+    assert summary["ok"] and summary["summaries_corrections"] == 4, summary
     assert_everywhere(spark, config, after)
     corrections = spark.read.format("delta").load(str(config.tables_dir / "summary_corrections"))
     got = {(r["w"], r["group_key"], r["old_count"], r["new_count"], r["reason"]) for r in corrections.select(
@@ -274,7 +274,7 @@ def test_rebuild_after_a_rule_change_corrects_the_summaries_of_its_range(spark, 
     assert got == {(k[2], k[3], b[k]["count"], a[k]["count"], "rebuild") for k in b}
 
     again = rebuild_job.run(spark, config, argparse.Namespace(**{**vars(args), "run_id": "rb-2"}))
-    assert again["ok"] and again["summary_corrections"] == 0
+    assert again["ok"] and again["summaries_corrections"] == 0
     assert corrections.count() == 4
     assert_everywhere(spark, config, after)
 

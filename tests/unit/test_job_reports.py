@@ -46,6 +46,14 @@ def test_a_keyword_key_is_spelled_as_in_the_json() -> None:
     assert ReconcileReport.from_dict({"from": "x", "to": None}).from_ == "x"
 
 
+def test_the_summaries_side_of_a_report_is_spelled_summaries() -> None:
+    from kdq.job_reports import PushReport
+
+    assert {"summaries_corrections", "summaries_push"} <= set(json.loads(RebuildReport().to_json()))
+    assert "summaries_push" in json.loads(PushReport().to_json())
+    assert "push" in json.loads(RecomputeReport().to_json())["summaries"]
+
+
 def test_every_report_has_ok_and_seconds() -> None:
     for cls in JobReport.__subclasses__():
         printed = json.loads(cls().to_json())

@@ -408,9 +408,9 @@ def rebuild(
         if config.summaries:
             from kdq.spark.summaries import interval_summary_corrections, push_summary_corrections
 
-            summary_pushed = push_summary_corrections(spark, config, interval_summary_corrections(spark, config, interval))
-            report.summary_push = summary_pushed
-            report.ok = report.ok and bool(summary_pushed["influx_ok"])
+            summaries_pushed = push_summary_corrections(spark, config, interval_summary_corrections(spark, config, interval))
+            report.summaries_push = summaries_pushed.to_dict()
+            report.ok = report.ok and summaries_pushed.influx_ok
     return report
 
 
@@ -454,7 +454,7 @@ def _rebuild_at(
             if config.summaries:  # the streaming summaries of the same records (kdq.spark.summaries)
                 from kdq.spark.summaries import rebuild_summaries
 
-                report.summary_corrections = len(
+                report.summaries_corrections = len(
                     rebuild_summaries(
                         spark, config, archive, selected, reclassified, from_ms, to_ms, topics, run_id,
                         rebuild_app_id(from_ms, to_ms),

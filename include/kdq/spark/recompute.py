@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from kdq.config import Config
 from kdq.intervals import iso
-from kdq.job_reports import PushReport, RecomputeReport, SummariesRecomputeReport
+from kdq.job_reports import PushReport, RecomputeReport
 from kdq.spark import batch_layer as bl
 from kdq.spark.outputs import push_corrections
 from kdq.spark.recount import archive_rows_of, awaiting_recompute, late_windows, recompute_counts
@@ -156,7 +156,7 @@ def recompute_interval(
             error = pushed.influx_error if pushed.influx_error is not None else "batch push failed"
             InfluxPushState(config).record_failure(started_ms, error)
             report.ok = False
-    report.summaries = SummariesRecomputeReport.from_dict(recompute_summaries(spark, config, interval, run_id, reason, push=push))
+    report.summaries = recompute_summaries(spark, config, interval, run_id, reason, push=push)
     if not report.summaries.ok:
         error = (report.summaries.push or {}).get("influx_error", "summary push failed")
         InfluxPushState(config).record_failure(started_ms, error)
@@ -171,12 +171,15 @@ def push_interval(spark: SparkSession, config: Config, interval: tuple[int, int]
     ensure_tables(spark, config)
     keys = bl.interval_corrections(spark, config, interval)
     report = PushReport(interval_start=iso(interval[0]), interval_end=iso(interval[1]), corrected_keys=len(keys))
-    report.push = push_corrections(spark, config, keys).to_dict()
+    pushed = push_corrections(spark, config, keys)
+    report.push = pushed.to_dict()
     summary_keys = interval_summary_corrections(spark, config, interval)
     report.corrected_summary_groups = len(summary_keys)
-    report.summaries_push = push_summary_corrections(spark, config, summary_keys) if summary_keys else None
+    summaries_pushed = push_summary_corrections(spark, config, summary_keys) if summary_keys else None
+    report.summaries_push = summaries_pushed.to_dict() if summaries_pushed is not None else None
     errors = [
-        p.get("influx_error", "batch push failed") for p in (report.push, report.summaries_push) if p and not p["influx_ok"]
+        p.influx_error if p.influx_error is not None else "batch push failed"
+        for p in (pushed, summaries_pushed) if p is not None and not p.influx_ok
     ]
     if errors:
         InfluxPushState(config).record_failure(started_ms, "; ".join(errors))

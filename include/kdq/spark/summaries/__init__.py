@@ -9,10 +9,11 @@ The package, from the bottom up (each module imports only those above it):
 * :mod:`~kdq.spark.summaries.store` — the ``summaries`` table: MERGE of increments
   (stream) and of absolute states (batch), both with the derived statistics in
   SQL (:func:`derived_sql`), reads of stored states, and the size limits;
-* :mod:`~kdq.spark.summaries.outputs` — statistics to the metrics topic and InfluxDB;
+* :mod:`~kdq.spark.summaries.outputs` — statistics to the metrics topic and InfluxDB, and the push
+  of corrected groups (:func:`push_summary_corrections`, typed :class:`SummariesPush`);
 * :mod:`~kdq.spark.summaries.stream` — one call per micro-batch (:func:`stream_summaries`);
-* :mod:`~kdq.spark.summaries.batch` — the hourly recompute (:func:`recompute_summaries`),
-  the rebuild (:func:`rebuild_summaries`) and the push of their corrections.
+* :mod:`~kdq.spark.summaries.batch` — the hourly recompute (:func:`recompute_summaries`)
+  and the rebuild (:func:`rebuild_summaries`).
 
 **Lateness** is judged per (summary, topic, window) against the topic's
 watermark from the batch ledger, like the counts (same replay guarantee), but
@@ -40,12 +41,17 @@ from kdq.spark.summaries.batch import (
     diff_states,
     interval_summary_corrections,
     late_summary_windows,
-    push_summary_corrections,
     rebuild_summaries,
     recompute_states,
     recompute_summaries,
 )
-from kdq.spark.summaries.outputs import outputs_of, publish, push_updated_to_influx
+from kdq.spark.summaries.outputs import (
+    SummariesPush,
+    outputs_of,
+    publish,
+    push_summary_corrections,
+    push_updated_to_influx,
+)
 from kdq.spark.summaries.store import check_limits, derived_sql, merge_absolute, merge_increments, read_states
 from kdq.spark.summaries.stream import append_late_windows, stream_summaries
 from kdq.spark.summaries.transforms import (
@@ -61,6 +67,7 @@ from kdq.spark.summaries.transforms import (
 
 __all__ = [
     "KEY",
+    "SummariesPush",
     "active_summaries",
     "append_late_windows",
     "apply_summary_corrections",

@@ -17,15 +17,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config, SummaryConfig
+from kdq.job_reports import SummariesRecomputeReport
 from kdq.rules import RuleSet, load_rules
 from kdq.spark.corrections import latest_attempt, record_then_apply
-from kdq.spark.summaries.outputs import publish
+from kdq.spark.summaries.outputs import push_summary_corrections
 from kdq.spark.summaries.store import check_limits, merge_absolute, read_states
 from kdq.spark.summaries.transforms import KEY, active_summaries, key_of, state_entry, summary_states, summary_values
 from kdq.spark.tables import table_path
@@ -270,29 +270,6 @@ def interval_summary_corrections(spark: SparkSession, config: Config, interval: 
     return sorted((r["summary"], r["topic"], int(r["w"]), r["group_key"]) for r in rows if r["summary"] in names)
 
 
-def push_summary_corrections(spark: SparkSession, config: Config, keys: Iterable[tuple], producer: Any = None) -> dict[str, Any]:
-    """Current statistics of corrected groups to the metrics topic and InfluxDB (a deleted group as empty)."""
-    keys = sorted(set(keys))
-    result: dict[str, Any] = {"summary_messages": 0, "influx_ok": True}
-    if not keys:
-        return result
-    from kdq.metrics_topic import ensure_metrics_topic
-
-    current = read_states(spark, config, {k[:3] for k in keys})
-    rows = [
-        current.get(k) or {**dict(zip(KEY, k, strict=True)), "groups": json.loads(k[3]), "state": SummaryState()}
-        for k in keys
-    ]
-    ensure_metrics_topic(config)
-    sent, error = publish(config, rows, producer=producer)
-    result["summary_messages"] = sent
-    if error is not None:
-        log.error("InfluxDB push of %d corrected summary groups failed: %s", len(rows), error)
-        result["influx_ok"] = False
-        result["influx_error"] = str(error)[:500]
-    return result
-
-
 def recompute_summaries(
     spark: SparkSession,
     config: Config,
@@ -300,9 +277,9 @@ def recompute_summaries(
     run_id: str,
     reason: str = "late_data",
     push: bool = True,
-) -> dict[str, Any]:
-    """The summaries' part of the hourly recompute for one ingest-time interval; returns the part of the
-    recompute report (the fields of :class:`kdq.job_reports.SummariesRecomputeReport`).
+) -> SummariesRecomputeReport:
+    """The summaries' part of the hourly recompute for one ingest-time interval: the ``summaries`` part of the
+    recompute report (:class:`kdq.job_reports.SummariesRecomputeReport`).
 
     Same interval and app id (``kdq-batch-<interval start>``) as the counts' corrections, and the same
     record-then-apply protocol, on the summaries' own tables; :func:`kdq.spark.recompute.recompute_interval`
@@ -313,12 +290,12 @@ def recompute_summaries(
     from kdq.spark.tables import ensure_tables
     from kdq.tables import RAW_ARCHIVE
 
-    result: dict[str, Any] = {"late_windows": 0, "corrections": 0, "ok": True}
+    result = SummariesRecomputeReport()
     if not config.summaries:
         return result
     ensure_tables(spark, config)
     windows = late_summary_windows(spark, config, interval)
-    result["late_windows"] = len(windows)
+    result.late_windows = len(windows)
     windows, kept = _without_retired_hours(spark, config, windows)
     if kept:
         # Summary states are not retired with the archive (kdq.spark.retention): recomputing these
@@ -327,19 +304,19 @@ def recompute_summaries(
             "%d summary window(s) got late records after archive retention deleted their hours; "
             "their stored states are kept (not recomputed): %s", len(kept), kept[:10],
         )
-        result["retired_windows_kept"] = len(kept)
+        result.retired_windows_kept = len(kept)
     if windows:
         archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
         new = recompute_states(spark, config, archive, windows)
         changes = diff_states(windows, new, read_states(spark, config, windows))
         check_limits(config, {c_key: c for c_key, c in new.items()})
         rows = apply_summary_corrections(spark, config, changes, run_id, interval, reason, batch_app_id(interval[0]))
-        result["corrections"] = len(rows)
-        result["changes"] = [{k: r[k] for k in (*KEY, "old_count", "new_count")} for r in rows[:100]]
+        result.corrections = len(rows)
+        result.changes = [{k: r[k] for k in (*KEY, "old_count", "new_count")} for r in rows[:100]]
     if push:
         pushed = push_summary_corrections(spark, config, interval_summary_corrections(spark, config, interval))
-        result["push"] = pushed
-        result["ok"] = bool(pushed["influx_ok"])
+        result.push = pushed.to_dict()
+        result.ok = pushed.influx_ok
     return result
 
 

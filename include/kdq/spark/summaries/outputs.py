@@ -1,19 +1,56 @@
-"""What the metrics topic and InfluxDB receive for summary states (their statistics, absolute), and the
-InfluxDB re-push of every summary row updated since a time (the InfluxDB catch-up's summary part)."""
+"""What the metrics topic and InfluxDB receive for summary states (their statistics, absolute): the push of
+corrected groups (the batch layer's, returning a :class:`SummariesPush`, beside the counts'
+:class:`kdq.spark.outputs.CountsPush`), and the InfluxDB re-push of every summary row updated since a time
+(the InfluxDB catch-up's summary part)."""
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from kdq.config import Config
-from kdq.spark.summaries.transforms import state_entry
+from kdq.spark.summaries.store import read_states
+from kdq.spark.summaries.transforms import KEY, state_entry
 from kdq.spark.tables import table_path
-from kdq.summaries import metric_key, metric_value, statistics, summary_point
+from kdq.summaries import SummaryState, metric_key, metric_value, statistics, summary_point
 from kdq.tables import SUMMARIES
+
+log = logging.getLogger("kdq.summaries")
+
+
+@dataclass(frozen=True)
+class SummariesPush:
+    """What one push of corrected summary groups sent: ``summary_messages`` metrics-topic messages (one per
+    group, InfluxDB gets a point each); ``influx_ok`` False and ``influx_error`` when InfluxDB refused the
+    write. :meth:`to_dict` is the ``summaries_push`` object of the job reports (``push`` inside the
+    recompute report's ``summaries`` part, :mod:`kdq.job_reports`): ``influx_error`` is there only when
+    InfluxDB refused."""
+
+    summary_messages: int = 0
+    influx_ok: bool = True
+    influx_error: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SummariesPush:
+        """From a report's ``summaries_push`` object."""
+        return cls(
+            summary_messages=data.get("summary_messages", 0),
+            influx_ok=data.get("influx_ok", True),
+            influx_error=data.get("influx_error"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's ``summaries_push`` object."""
+        out: dict[str, Any] = {"summary_messages": self.summary_messages, "influx_ok": self.influx_ok}
+        if self.influx_error is not None:
+            out["influx_error"] = self.influx_error
+        return out
 
 
 def outputs_of(config: Config, rows: Iterable[Mapping]) -> tuple[list[tuple[str, str]], list]:
@@ -44,6 +81,29 @@ def publish(config: Config, rows: Sequence[Mapping], producer: Any = None) -> tu
     except Exception as exc:  # InfluxWriteError, or a config error naming the missing URL
         return len(messages), exc
     return len(messages), None
+
+
+def push_summary_corrections(
+    spark: SparkSession, config: Config, keys: Iterable[tuple], producer: Any = None
+) -> SummariesPush:
+    """Current statistics of corrected groups (KEY tuples) to the metrics topic and InfluxDB (a deleted group
+    as empty). A metrics-topic failure raises; an InfluxDB failure is returned (``influx_ok`` False)."""
+    keys = sorted(set(keys))
+    if not keys:
+        return SummariesPush()
+    from kdq.metrics_topic import ensure_metrics_topic
+
+    current = read_states(spark, config, {k[:3] for k in keys})
+    rows = [
+        current.get(k) or {**dict(zip(KEY, k, strict=True)), "groups": json.loads(k[3]), "state": SummaryState()}
+        for k in keys
+    ]
+    ensure_metrics_topic(config)
+    sent, error = publish(config, rows, producer=producer)
+    if error is not None:
+        log.error("InfluxDB push of %d corrected summary groups failed: %s", len(rows), error)
+        return SummariesPush(summary_messages=sent, influx_ok=False, influx_error=str(error)[:500])
+    return SummariesPush(summary_messages=sent)
 
 
 def push_updated_to_influx(spark: SparkSession, config: Config, since_ms: int, chunk: int = 5000) -> int:
