@@ -71,7 +71,7 @@ def test_orders_example_with_late_data(spark, local_stack, tmp_path) -> None:
     assert [(r["partition"], r["valid"]) for r in late] == [(2, True)]
     assert archive.where(F.col("topic") == topic).count() == 10
     assert {r["topic"] for r in archive.select("topic").distinct().collect()} == {topic}, "output topics must be excluded"
-    # The late-rows metric, durably in the batch ledger (and per batch in the progress records).
+    # The late-rows metric, durably in the micro-batch ledger (and per batch in the progress records).
     assert sum(entry["late_rows"].get(topic, 0) for entry in layer.ledger.entries()) == 1
     assert sum(report.late_rows.get(topic, 0) for report in layer.reports.values()) == 1
 

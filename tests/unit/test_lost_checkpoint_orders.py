@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from kdq.rules import load_rules
 from kdq.spark import lost_checkpoint as lc
 from kdq.spark import transforms
-from kdq.spark.ledger import BatchLedger
+from kdq.spark.ledger import MicroBatchLedger
 from kdq.spark.speed_layer import app_id_for, checkpoint_dir
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import append_archive, merge_window_increments
@@ -38,7 +38,7 @@ class Stream:
         self.spark, self.config = spark, config
         self.checkpoint = checkpoint_dir(config)
         self.app_id = app_id_for(self.checkpoint)
-        self.ledger = BatchLedger(spark, str(self.checkpoint))
+        self.ledger = MicroBatchLedger(spark, str(self.checkpoint))
         self.rules = load_rules(rules_dir)
         self.increments: dict[int, list[dict]] = {}
         self.classified: dict[int, object] = {}

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from kdq.rules import load_rules
 from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
-from kdq.spark.ledger import BatchLedger
+from kdq.spark.ledger import MicroBatchLedger
 from kdq.spark.rebuild import rebuild
 from kdq.spark.speed_layer import app_id_for, checkpoint_dir
 from kdq.spark.tables import ensure_tables, table_path
@@ -42,7 +42,7 @@ class Stream:
         self.spark, self.config = spark, config
         self.checkpoint = checkpoint_dir(config)
         self.app_id = app_id_for(self.checkpoint)
-        self.ledger = BatchLedger(spark, str(self.checkpoint))
+        self.ledger = MicroBatchLedger(spark, str(self.checkpoint))
         self.rules = load_rules(rules_dir)  # the rules the stream runs with (the old ones)
         self.increments: dict[int, list[dict]] = {}
 

@@ -1,4 +1,4 @@
-"""The speed layer's batch ledger: one small JSON file per micro-batch, inside the checkpoint.
+"""The speed layer's micro-batch ledger: one small JSON file per micro-batch, inside the checkpoint.
 
 Written after batch N's archive append (its first output, which also counts
 it) and before its other outputs, it fixes what the rest of N and the batches
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-class BatchLedger:
+class MicroBatchLedger:
     def __init__(self, spark: SparkSession, checkpoint: str, keep: int = 500, directory: str = "kdq_ledger") -> None:
         jvm = spark._jvm
         self._jvm = jvm

@@ -5,7 +5,7 @@ its own and its per-window *increments* are MERGEd into Delta under Delta's
 idempotent-write guard (txnAppId = this checkpoint's app id, txnVersion =
 batch id). Memory therefore does not grow with topics × windows × lateness
 (there is no state store), and lateness is judged per topic against the
-maximum event time each topic has shown, recorded in the batch ledger, instead
+maximum event time each topic has shown, recorded in the micro-batch ledger, instead
 of Spark's single global watermark, so one producer with a clock in the future
 cannot make every other topic's records late.
 
@@ -59,7 +59,7 @@ from kdq.spark import transforms
 from kdq.spark.classifier import ClassifierDocument
 from kdq.spark.faults import FaultInjector
 from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
-from kdq.spark.ledger import BatchLedger, RulesDocuments
+from kdq.spark.ledger import MicroBatchLedger, RulesDocuments
 from kdq.spark.outputs import push_batch_influx
 from kdq.spark.push_reads import counts_version, read_range_at
 from kdq.spark.session import small_query_session
@@ -102,7 +102,7 @@ def app_id_for(checkpoint: storage.Location) -> str:
 
 
 @dataclass
-class BatchReport:
+class MicroBatchReport:
     batch_id: int
     input_rows: int = 0
     input_rows_by_topic: dict[str, int] = field(default_factory=dict)
@@ -147,17 +147,17 @@ class SpeedLayer:
         self.faults = faults or FaultInjector()
         self.checkpoint = checkpoint or checkpoint_dir(config)
         self.app_id = app_id_for(self.checkpoint)
-        self.ledger = BatchLedger(spark, str(self.checkpoint))
+        self.ledger = MicroBatchLedger(spark, str(self.checkpoint))
         self._archive_path = table_path(config, RAW_ARCHIVE)
         # The rules as the JVM compiles them; a ledger entry names the hash of the document its batch used.
         self.rules_document = ClassifierDocument.of(rules, config.stream)
         self.rules_documents = RulesDocuments(spark, str(self.checkpoint))
         self.push_state = InfluxPushState(config)
-        self.reports: dict[int, BatchReport] = {}
-        self.on_report: Callable[[BatchReport], None] | None = None
+        self.reports: dict[int, MicroBatchReport] = {}
+        self.on_report: Callable[[MicroBatchReport], None] | None = None
         self._producer = None
         self._writers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdq-append")
-        self._quarantine_decisions: BatchLedger | None = None
+        self._quarantine_decisions: MicroBatchLedger | None = None
         self._quarantined: list[dict] = []  # the current batch's applied quarantine entries
         self._archived = False  # the current batch's archive append landed in an earlier attempt
 
@@ -221,14 +221,14 @@ class SpeedLayer:
         if self.config.summaries:  # the summaries read the batch's classified rows too: keep them
             classified = classified.persist()
         lap("plan")
-        report: BatchReport | None = None
+        report: MicroBatchReport | None = None
         writes: list[Future] = []
         try:
             if not archived:
                 aggregates, classified = self._archive_and_count(classified, rules, ingest_ms, before, batch_id)
                 self.faults.maybe_crash("after_archive", batch_id, sum(int(r["count"]) for r in aggregates))
             increments_in = increments_of(aggregates, stream.reasons_window_seconds)
-            report = BatchReport(
+            report = MicroBatchReport(
                 batch_id=batch_id,
                 input_rows=increments_in.input_rows,
                 input_rows_by_topic=increments_in.input_rows_by_topic,
@@ -451,7 +451,7 @@ class SpeedLayer:
         if not replay and not batch_failures.quarantine_in_use(self.config):
             return []
         if self._quarantine_decisions is None:
-            self._quarantine_decisions = BatchLedger(self.spark, str(self.checkpoint), directory="kdq_quarantine")
+            self._quarantine_decisions = MicroBatchLedger(self.spark, str(self.checkpoint), directory="kdq_quarantine")
         decisions = self._quarantine_decisions
         if replay:
             recorded = decisions.read(batch_id)

@@ -15,7 +15,7 @@ The cut takes the stored counts at one ``window_counts`` version ``V`` and, from
 version, the last micro-batch ``T`` whose MERGE it holds (the stream's txn version). The archive (and the
 reasons) are read at versions that hold every batch up to ``T`` (waiting briefly for the stream's appends,
 which run beside its MERGE), and the rows of the stream's later batches are left out: stream-counted rows
-ingested at or after the ingest time of batch ``T + 1`` (from the batch ledger, or the time Spark planned it
+ingested at or after the ingest time of batch ``T + 1`` (from the micro-batch ledger, or the time Spark planned it
 while only its archive append has landed; ingest times grow with batch ids, and an older checkpoint's batches
 all predate this one's). The first race is gone by
 construction. The second is caught at the write: :func:`kdq.spark.batch_layer._merge_absolute` checks that

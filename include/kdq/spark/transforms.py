@@ -65,7 +65,7 @@ def classify(
     """Kafka records (key, value, topic, partition, offset, timestamp) → one classified row per record.
 
     ``ingest_time`` is epoch millis fixed per micro-batch (recorded in the
-    batch ledger, so a replayed batch is classified identically) or, for the
+    micro-batch ledger, so a replayed batch is classified identically) or, for the
     batch layer, the archived timestamp column. The value itself is judged by
     the JVM classifier (:mod:`kdq.spark.classifier`); what remains here is the
     clock: which time a record counts at, and one reason per record. ``rules``

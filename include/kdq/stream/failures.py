@@ -357,7 +357,7 @@ def failure_message(failure: dict, max_failures: int) -> str:
     ]
     if failure.get("ledger_written"):
         lines += [
-            "The batch failed after its classification was recorded in the batch ledger (outputs may have "
+            "The batch failed after its classification was recorded in the micro-batch ledger (outputs may have "
             "landed), so quarantining its records cannot change this batch. Fix the cause, deploy, then:",
             "  kdq stream-failure --clear      # the next supervisor run retries the batch",
         ]

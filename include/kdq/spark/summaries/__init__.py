@@ -16,7 +16,7 @@ The package, from the bottom up (each module imports only those above it):
   and the rebuild (:func:`rebuild_summaries`).
 
 **Lateness** is judged per (summary, topic, window) against the topic's
-watermark from the batch ledger, like the counts (same replay guarantee), but
+watermark from the micro-batch ledger, like the counts (same replay guarantee), but
 with the summary's own window and allowed lateness. Records too late are left
 out by the stream and their windows recorded in ``summary_late_windows`` for
 the batch layer. Since a topic's watermark only moves forward, a window

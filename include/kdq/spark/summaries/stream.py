@@ -88,7 +88,7 @@ def stream_summaries(
     a batch without a summary topic costs nothing. ``replayed`` False (the
     batch's ledger entry was written by this attempt) skips the look into
     Delta's log: a first attempt cannot have been applied. ``lap(step)`` is called after each
-    step (``summary_states``, ``summary_merge``, ``summary_outputs``): the batch report's breakdown.
+    step (``summary_states``, ``summary_merge``, ``summary_outputs``): the micro-batch report's breakdown.
     """
     summaries = active_summaries(config, topics)
     report = {"summary_groups": 0, "summary_late_rows": 0}
