@@ -82,7 +82,7 @@ final class BudgetRegexFactory implements RegularExpressionFactory {
     private static boolean matches(Pattern pattern, long unitsPerChar, String value) {
         Evaluation evaluation = Evaluation.current();
         if (evaluation == null) { // not a record's evaluation: a budget for this match alone
-            return pattern.matcher(new PerMatch(value, BASE_BUDGET + PER_BYTE_BUDGET * value.length())).find();
+            return pattern.matcher(new Budgeted(value, BASE_BUDGET + PER_BYTE_BUDGET * value.length())).find();
         }
         long units = unitsPerChar * value.length();
         if (units > MAX_UNITS) {
@@ -106,53 +106,37 @@ final class BudgetRegexFactory implements RegularExpressionFactory {
         return n;
     }
 
-    /** A String view that counts reads against the record's budget and aborts past it. */
+    /**
+     * A String view that counts reads against a budget and aborts past it: the record's (its
+     * {@link Evaluation}'s, shared by every match of the record) or, outside an evaluation, one
+     * match's own.
+     */
     static final class Budgeted implements CharSequence {
         private final String s;
+        /** Null outside an evaluation: then {@link #left} is the budget. */
         private final Evaluation evaluation;
+        private long left;
 
+        /** Reads count against the record's budget. */
         Budgeted(String s, Evaluation evaluation) {
             this.s = s;
             this.evaluation = evaluation;
         }
 
-        @Override
-        public char charAt(int index) {
-            if (--evaluation.patternBudget < 0) {
-                throw evaluation.patternBudgetExceeded();
-            }
-            return s.charAt(index);
-        }
-
-        @Override
-        public int length() {
-            return s.length();
-        }
-
-        @Override
-        public CharSequence subSequence(int start, int end) {
-            return s.subSequence(start, end);
-        }
-
-        @Override
-        public String toString() {
-            return s;
-        }
-    }
-
-    /** Outside an evaluation: a budget for one match. */
-    static final class PerMatch implements CharSequence {
-        private final String s;
-        private long left;
-
-        PerMatch(String s, long budget) {
+        /** Outside an evaluation: a budget for one match. */
+        Budgeted(String s, long budget) {
             this.s = s;
+            this.evaluation = null;
             this.left = budget;
         }
 
         @Override
         public char charAt(int index) {
-            if (--left < 0) {
+            if (evaluation != null) {
+                if (--evaluation.patternBudget < 0) {
+                    throw evaluation.patternBudgetExceeded();
+                }
+            } else if (--left < 0) {
                 throw new PatternBudgetExceeded("");
             }
             return s.charAt(index);

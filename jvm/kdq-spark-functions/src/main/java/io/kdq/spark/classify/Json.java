@@ -55,12 +55,7 @@ public final class Json {
     Json(int maxNestingDepth) {
         // Duplicate keys: FAIL_ON_READING_DUP_TREE_KEY (the tree builder sees the clash) does what
         // the parser's STRICT_DUPLICATE_DETECTION does at a fraction of its cost.
-        JsonFactory factory = JsonFactory.builder()
-                .streamReadConstraints(StreamReadConstraints.builder()
-                        .maxNestingDepth(maxNestingDepth)
-                        .maxNumberLength(MAX_NUMBER_LENGTH)
-                        .build())
-                .build();
+        JsonFactory factory = recordFactory(maxNestingDepth);
         this.fast = JsonMapper.builder(factory)
                 .enable(DeserializationFeature.FAIL_ON_TRAILING_TOKENS)
                 .enable(DeserializationFeature.FAIL_ON_READING_DUP_TREE_KEY)
@@ -104,6 +99,20 @@ public final class Json {
             }
             return DecimalNode.valueOf(v);
         }
+    }
+
+    /**
+     * The parser limits of a record value: nesting depth (the rules' {@code max_nesting_depth}) and number
+     * length ({@value #MAX_NUMBER_LENGTH}). The classifier's mappers and the streaming summaries' reader
+     * ({@code io.kdq.spark.summary.SummaryValues}) parse the same values with the same limits.
+     */
+    public static JsonFactory recordFactory(int maxNestingDepth) {
+        return JsonFactory.builder()
+                .streamReadConstraints(StreamReadConstraints.builder()
+                        .maxNestingDepth(maxNestingDepth)
+                        .maxNumberLength(MAX_NUMBER_LENGTH)
+                        .build())
+                .build();
     }
 
     /** A lenient mapper for the configuration itself (produced by Python's json.dumps). */

@@ -24,7 +24,6 @@ import io.kdq.spark.classify.Json;
 import tools.jackson.core.JsonParser;
 import tools.jackson.core.JsonToken;
 import tools.jackson.core.ObjectReadContext;
-import tools.jackson.core.StreamReadConstraints;
 import tools.jackson.core.io.JsonStringEncoder;
 import tools.jackson.core.json.JsonFactory;
 import tools.jackson.databind.JsonNode;
@@ -141,12 +140,7 @@ public class SummaryValues implements UDF1<byte[], List<Row>>, Serializable {
         private Compiled(Summary[] summaries, int slotCount, int maxNestingDepth) {
             this.summaries = summaries;
             this.slotCount = slotCount;
-            this.factory = JsonFactory.builder()
-                    .streamReadConstraints(StreamReadConstraints.builder()
-                            .maxNestingDepth(maxNestingDepth)
-                            .maxNumberLength(Json.MAX_NUMBER_LENGTH)
-                            .build())
-                    .build();
+            this.factory = Json.recordFactory(maxNestingDepth);
         }
 
         /**
