@@ -56,7 +56,7 @@ final class AvroRecord implements DecodedRecord {
                     break;
                 case ARRAY: {
                     List<?> list = (List<?>) v;
-                    int i = index(step);
+                    int i = PathSteps.arrayIndex(step);
                     if (i < 0 || i >= list.size()) {
                         return null;
                     }
@@ -73,18 +73,6 @@ final class AvroRecord implements DecodedRecord {
 
     private static Schema branch(Schema s, Object v) {
         return s.getType() == Schema.Type.UNION ? s.getTypes().get(PathDatumReader.DATA.resolveUnion(s, v)) : s;
-    }
-
-    private static int index(String step) {
-        if (step.isEmpty() || step.length() > 9) {
-            return -1;
-        }
-        for (int i = 0; i < step.length(); i++) {
-            if (step.charAt(i) < '0' || step.charAt(i) > '9') {
-                return -1;
-            }
-        }
-        return Integer.parseInt(step);
     }
 
     static Object plain(Object v, Schema s) {

@@ -24,7 +24,7 @@ final class JsonRecord implements DecodedRecord {
             if (node.isObject()) {
                 node = node.get(step);
             } else if (node.isArray()) {
-                int i = index(step);
+                int i = PathSteps.arrayIndex(step);
                 node = i < 0 ? null : node.get(i);
             } else {
                 return null;
@@ -43,18 +43,6 @@ final class JsonRecord implements DecodedRecord {
             return node.booleanValue();
         }
         return node;
-    }
-
-    private static int index(String step) {
-        if (step.isEmpty() || step.length() > 9) {
-            return -1;
-        }
-        for (int i = 0; i < step.length(); i++) {
-            if (step.charAt(i) < '0' || step.charAt(i) > '9') {
-                return -1;
-            }
-        }
-        return Integer.parseInt(step);
     }
 
     @Override

@@ -54,7 +54,7 @@ final class ProtobufRecord implements DecodedRecord {
                     v = found;
                     field = value;
                 } else {
-                    int i = index(step);
+                    int i = PathSteps.arrayIndex(step);
                     if (i < 0 || i >= items.size()) {
                         return null;
                     }
@@ -80,18 +80,6 @@ final class ProtobufRecord implements DecodedRecord {
             }
         }
         return list ? v : plain(v, field);
-    }
-
-    private static int index(String step) {
-        if (step.isEmpty() || step.length() > 9) {
-            return -1;
-        }
-        for (int i = 0; i < step.length(); i++) {
-            if (step.charAt(i) < '0' || step.charAt(i) > '9') {
-                return -1;
-            }
-        }
-        return Integer.parseInt(step);
     }
 
     /** A map key as a path step: the number in decimal (unsigned types unsigned), true/false, the string. */
