@@ -269,13 +269,13 @@ class SpeedLayer:
             merge_window_increments(self.small, increments, self.config, self.app_id, batch_id)
             report.visible_ms = now_ms()
             lap("merge_counts")
-            if self.config.summaries:  # streaming summaries: own MERGE, own guard, own outputs (kdq.spark.summaries)
+            if self.config.summaries:  # own MERGE, guard and outputs; interpreted like the counts' (PERF_NOTES.md)
                 from kdq.spark.summaries import stream_summaries
 
                 if self._producer is None:
                     self._producer = metrics_producer(self.config)
                 stream_summaries(
-                    self.spark, self.config, classified, before, self.app_id, batch_id, ingest_ms,
+                    self.small, self.config, classified, before, self.app_id, batch_id, ingest_ms,
                     report.input_rows_by_topic, self._producer, self.push_state.record_failure, replayed, lap,
                     rules=self.rules,
                 )

@@ -81,6 +81,8 @@ def stream_summaries(
     rules: RuleSet | None = None,
 ) -> dict[str, int]:
     """One micro-batch of every summary on the batch's topics (see the module doc); returns counts for the report.
+    ``spark``: the session of the summaries table's reads and writes (the speed layer passes its small-query
+    session; ``classified`` keeps its own).
     ``rules``: the stream's rules (registry-backed topics' values are read from their decoded records).
 
     ``watermarks`` are the per-topic maximum event times *before* the batch
