@@ -9,10 +9,15 @@ table's ``_delta_log`` folder, which every commit touches, or on object storage 
 and the writers journal; the endpoint's address and whether its process lives), or the minute moved (the
 page's ranges slide; handled here, not in the fingerprint).
 Numbers are *fresh* when they hold every commit made up to ``fresh_seconds`` ago: either nothing changed
-since their question began (same generation), or that question began at most ``fresh_seconds`` ago. The
-second half is what a busy stream needs: it commits every few seconds, often while a question runs, so "no
-change since" would almost never hold while a page is open, and a question per commit would keep the
-endpoint busy; so after a change the thread asks again at most every ``min_interval_seconds``. The thread
+since their question began (same generation), or no change came before the last time the fingerprint was seen
+unchanged and that was at most ``fresh_seconds`` ago (fingerprints only move forward, so "seen unchanged at
+u" means "no commit between the question and u"; the thread looks every ``poll_seconds`` while a page is
+open, and at least the question's own start counts). That is what a busy stream needs: it commits every few
+seconds, often while a question runs, so "no change since" would almost never hold while a page is open,
+and a question per commit would keep the endpoint busy; so after a change the thread asks again at most
+every ``min_interval_seconds``, and the answer before stays fresh until the first commit it misses is
+``fresh_seconds`` old (benchmarks.local_run: counting only from the question's start made a page wait for
+the next round once in every few stream batches). The thread
 also renews an answer when the minute moves (the page's ranges slide; an answer of the previous minute stays
 fresh meanwhile: its counts are current, its ranges are as of its own instant, which the page shows) and
 ahead of ``max_age_seconds``. A page shows the answer at once, fresh or not, says how old it is, and its
@@ -115,6 +120,8 @@ class NumbersCache:
         self._clock_ms = clock_ms
         self._slow_ms = {name: int(seconds * 1000) for name, seconds in (slow_statements or {}).items()}
         self._latest: PageNumbers | None = None
+        # The last instant the fingerprint was seen equal to the generation of ``_latest`` (see _fresh).
+        self._unchanged_ms = 0
         self._demanded_ms = 0
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -130,6 +137,7 @@ class NumbersCache:
         with self._changed:
             self._demanded_ms = now
             latest = self._latest
+            self._observe(latest, current, now)
             fresh = latest is not None and self._fresh(latest, current, now)
             if latest is None or self._due(latest, current, now):
                 self._changed.notify_all()
@@ -167,7 +175,14 @@ class NumbersCache:
             return latest.generation == current and now - latest.computed_ms < self._retry_ms
         if latest.generation == current:
             return now - latest.computed_ms < self._max_age_ms
-        return now - latest.asked_ms < self._fresh_ms
+        # Every commit it misses came after the fingerprint was last seen unchanged (at the latest, its question).
+        unchanged_ms = max(latest.asked_ms, self._unchanged_ms if latest is self._latest else 0)
+        return now - unchanged_ms < self._fresh_ms
+
+    def _observe(self, latest: PageNumbers | None, current: Hashable, now: int) -> None:
+        """Note that the fingerprint read at ``now`` (or later) still equals the latest answer's (under the lock)."""
+        if latest is not None and latest is self._latest and not latest.failed and current == latest.generation:
+            self._unchanged_ms = max(self._unchanged_ms, now)
 
     def _due(self, latest: PageNumbers, current: Hashable, now: int) -> bool:
         """Whether ``latest`` must be asked again: the tables changed (at most every ``min_interval_seconds``
@@ -191,6 +206,7 @@ class NumbersCache:
         current = self._generation()
         with self._changed:
             latest = self._latest
+            self._observe(latest, current, now)
         if latest is not None and not self._due(latest, current, now):
             return None
         page = PageRange(now)  # the question begins now: the answer holds every commit made before
@@ -214,6 +230,7 @@ class NumbersCache:
                              statements_asked_ms=asked, statements_generation=generations)
         with self._changed:
             self._latest = answer
+            self._unchanged_ms = now  # the generation was read at the question's start
             self._changed.notify_all()
         return answer
 

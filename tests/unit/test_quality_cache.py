@@ -88,6 +88,43 @@ def test_a_commit_during_the_question_leaves_the_answer_due() -> None:
     assert cache.renew_once() is None
 
 
+def test_an_answer_stays_fresh_until_the_first_commit_it_misses_is_fresh_seconds_old() -> None:
+    """A quiet spell longer than fresh_seconds, then a commit: the answer from before the spell misses only that
+    commit, so it is fresh until the commit is 10 s old (the thread saw the fingerprint unchanged up to it); a
+    commit while the statements ran is dated from the question's start, the earliest it can be."""
+    tables = Tables()
+    cache = cache_of(tables, min_interval_seconds=3, fresh_seconds=10)
+    answer = cache.renew_once()
+    for _ in range(12):  # 12 quiet seconds, looked at every second (as the thread does while a page is open)
+        tables.now += 1000
+        assert cache.renew_once() is None
+    tables.commit(3)
+    tables.now += 500
+    assert cache._fresh(answer, tables.generation(), tables.now), "it misses a commit 0.5 s old only"
+    tables.now += 9000
+    assert cache._fresh(answer, tables.generation(), tables.now), "the commit it misses is 9.5 s old"
+    tables.now += 1000
+    assert not cache._fresh(answer, tables.generation(), tables.now), "the commit it misses is over 10 s old"
+    # Renewed: the commit is in the new answer, fresh again at once.
+    renewed = cache.renew_once()
+    assert renewed is not None and renewed.rows["counts"][0]["valid"] == 3
+    assert cache._fresh(renewed, tables.generation(), tables.now)
+
+    # A commit during the statements is never seen "unchanged" after the question: dated from its start.
+    tables.during_fetch = lambda: tables.commit(4)
+    tables.now += 60_000
+    racing = cache.renew_once()
+    tables.during_fetch = None
+    assert racing is not None and racing.generation != tables.generation()
+    tables.now += 9_000
+    assert cache._fresh(racing, tables.generation(), tables.now)
+    tables.now += 1_000
+    assert not cache._fresh(racing, tables.generation(), tables.now), "10 s after its question began: stale"
+    # An answer other than the latest is judged from its own question only.
+    tables.now = renewed.asked_ms + 10_000
+    assert not cache._fresh(renewed, tables.generation(), tables.now)
+
+
 def test_a_busy_stream_keeps_the_numbers_fresh_with_bounded_questions() -> None:
     """Commits every second and questions of 2 s: "no change since" never holds, yet every page finds numbers
     holding every commit up to 10 s ago, and the endpoint gets a question at most every 3 s + its length."""
