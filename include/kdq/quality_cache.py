@@ -201,7 +201,11 @@ class NumbersCache:
         """Ask again when the latest answer is due (one round, in the caller's thread); returns the new one.
 
         The generation is read *before* the statements run: a commit during them leaves the answer due, so
-        a change is never hidden behind an answer that may predate it."""
+        a change is never hidden behind an answer that may predate it. When slow statements are due too, the
+        others (the counts) are asked and published first and the slow ones after, as part of the same
+        question (same instant and generation: their rows hold at least every commit made before it), so the
+        page's numbers never wait for the day's reasons (benchmarks.local_run saw pages wait 12-15 s for rounds
+        that read the raw archive)."""
         now = self._clock_ms()
         current = self._generation()
         with self._changed:
@@ -211,7 +215,23 @@ class NumbersCache:
             return None
         page = PageRange(now)  # the question begins now: the answer holds every commit made before
         kept = self._kept_statements(latest, now)
-        names = None if not kept else frozenset(n for n in latest.rows if n not in kept)  # type: ignore[union-attr]
+        slow_due = set() if latest is None or latest.failed else {
+            name for name in self._slow_ms if name in latest.rows and name not in kept  # type: ignore[operator]
+        }
+        fast = set() if latest is None or latest.failed else set(latest.rows) - set(self._slow_ms)  # type: ignore[arg-type]
+        if slow_due and fast:
+            answer = self._publish(self._round(page, now, current, latest, kept | slow_due), now)  # type: ignore[arg-type]
+            if answer.failed:
+                return answer
+            kept = set(answer.rows) - slow_due  # type: ignore[arg-type]
+            return self._publish(self._round(page, now, current, answer, kept), now)
+        return self._publish(self._round(page, now, current, latest, kept), now)
+
+    def _round(
+        self, page: PageRange, now: int, current: Hashable, base: PageNumbers | None, kept: set[str]
+    ) -> PageNumbers:
+        """The statements not in ``kept`` asked now, the ``kept`` ones' rows taken from ``base``."""
+        names = None if not kept else frozenset(n for n in base.rows if n not in kept)  # type: ignore[union-attr]
         try:
             rows, error, source, seconds = self._fetch(page, names)
         except Exception as exc:  # the thread must survive anything the endpoint or its client throws
@@ -220,17 +240,22 @@ class NumbersCache:
         asked = {name: now for name in (rows or {})}
         generations = {name: current for name in (rows or {})}
         if rows is not None and kept:
-            rows = {**{name: latest.rows[name] for name in kept}, **rows}  # type: ignore[union-attr]
-            asked = {**{name: latest.statements_asked_ms[name] for name in kept}, **asked}  # type: ignore[union-attr]
+            rows = {**{name: base.rows[name] for name in kept}, **rows}  # type: ignore[union-attr]
+            asked = {**{name: base.statements_asked_ms[name] for name in kept}, **asked}  # type: ignore[union-attr]
             generations = {
-                **{name: latest.statements_generation.get(name, latest.generation) for name in kept},  # type: ignore[union-attr]
+                **{name: base.statements_generation.get(name, base.generation) for name in kept},  # type: ignore[union-attr]
                 **generations,
             }
-        answer = PageNumbers(page, current, rows, error, source, seconds, self._clock_ms(), asked_ms=now,
-                             statements_asked_ms=asked, statements_generation=generations)
+        return PageNumbers(page, current, rows, error, source, seconds, self._clock_ms(), asked_ms=now,
+                           statements_asked_ms=asked, statements_generation=generations)
+
+    def _publish(self, answer: PageNumbers, asked_ms: int) -> PageNumbers:
         with self._changed:
+            previous = self._latest
+            same = previous is not None and not previous.failed and previous.generation == answer.generation
+            # The generation was read at the question's start; seen unchanged since then still holds for it.
+            self._unchanged_ms = max(self._unchanged_ms, asked_ms) if same else asked_ms
             self._latest = answer
-            self._unchanged_ms = now  # the generation was read at the question's start
             self._changed.notify_all()
         return answer
 

@@ -297,7 +297,9 @@ def test_a_slow_statement_is_asked_only_once_its_rows_are_old_enough() -> None:
     tables.commit(6)
     tables.now = NOW + 30_000
     third = cache.renew_once()
-    assert tables.names[-1] is None and third.rows["reasons"][0]["count"] == 2
+    # Both due: the counts asked and published first, then the reasons, as one question (same instant).
+    assert tables.names[-2:] == [frozenset({"counts"}), frozenset({"reasons"})]
+    assert third.rows["reasons"][0]["count"] == 2 and third.rows["counts"][0]["valid"] == 6
     assert third.statements_asked_ms == {"counts": NOW + 30_000, "reasons": NOW + 30_000}
     tables.fail = RuntimeError("endpoint down")
     tables.commit(7)
@@ -306,6 +308,37 @@ def test_a_slow_statement_is_asked_only_once_its_rows_are_old_enough() -> None:
     tables.fail = None
     tables.now += 3000
     assert cache.renew_once().rows["reasons"][0]["count"] == 3 and tables.names[-1] is None
+
+
+def test_the_counts_are_published_before_a_slow_statement_is_asked() -> None:
+    """A round with the reasons due: while the reasons' statement runs, a page already gets the new counts
+    (fresh), and the reasons arrive after as part of the same question; a failure of the slow part is the
+    round's answer, as a failed round always was."""
+    tables = Tables()
+    cache = cache_of(tables, min_interval_seconds=3, slow_statements={"reasons": 30})
+    cache.renew_once()
+    tables.commit(5)
+    tables.now = NOW + 30_000
+    seen: list = []
+
+    def during() -> None:
+        if tables.names[-1] == frozenset({"reasons"}):
+            latest = cache._latest
+            seen.append((latest.rows["counts"][0]["valid"], cache._fresh(latest, tables.generation(), tables.now)))
+
+    tables.during_fetch = during
+    answer = cache.renew_once()
+    assert seen == [(5, True)], "the counts were published (and fresh) before the reasons were asked"
+    assert answer.rows["reasons"][0]["count"] == 1 and answer.asked_ms == NOW + 30_000
+    assert answer.statements_asked_ms == {"counts": NOW + 30_000, "reasons": NOW + 30_000} and answer.lagging == ()
+
+    def fail_reasons() -> None:
+        tables.fail = RuntimeError("archive scan failed") if tables.names[-1] == frozenset({"reasons"}) else None
+
+    tables.during_fetch = fail_reasons
+    tables.commit(6)
+    tables.now = NOW + 60_000
+    assert cache.renew_once().failed
 
 
 def test_kept_rows_older_than_the_counts_are_named_and_caught_up_when_the_tables_go_quiet() -> None:
@@ -325,7 +358,7 @@ def test_kept_rows_older_than_the_counts_are_named_and_caught_up_when_the_tables
     assert cache.renew_once() is None  # quiet, the reasons not 30 s old yet: nothing to ask
     tables.now = NOW + 30_000
     third = cache.renew_once()
-    assert third is not None and tables.names[-1] is None  # due although nothing changed
+    assert third is not None and tables.names[-2:] == [frozenset({"counts"}), frozenset({"reasons"})]  # due although nothing changed
     assert third.lagging == () and third.rows["reasons"][0]["count"] == 1
     tables.now += 5000
     assert cache.renew_once() is None  # caught up: quiet again
