@@ -43,7 +43,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kdq.quality_page import MINUTE_MS, PageRange
@@ -224,7 +224,10 @@ class NumbersCache:
             if answer.failed:
                 return answer
             kept = set(answer.rows) - slow_due  # type: ignore[arg-type]
-            return self._publish(self._round(page, now, current, answer, kept), now)
+            rest = self._round(page, now, current, answer, kept)
+            if rest.seconds is not None and answer.seconds is not None:  # the page shows the whole round's time
+                rest = replace(rest, seconds=answer.seconds + rest.seconds)
+            return self._publish(rest, now)
         return self._publish(self._round(page, now, current, latest, kept), now)
 
     def _round(

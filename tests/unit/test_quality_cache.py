@@ -331,6 +331,7 @@ def test_the_counts_are_published_before_a_slow_statement_is_asked() -> None:
     assert seen == [(5, True)], "the counts were published (and fresh) before the reasons were asked"
     assert answer.rows["reasons"][0]["count"] == 1 and answer.asked_ms == NOW + 30_000
     assert answer.statements_asked_ms == {"counts": NOW + 30_000, "reasons": NOW + 30_000} and answer.lagging == ()
+    assert answer.seconds == 0.2, "the round's time is both parts' (0.1 s each in this fake)"
 
     def fail_reasons() -> None:
         tables.fail = RuntimeError("archive scan failed") if tables.names[-1] == frozenset({"reasons"}) else None
