@@ -137,7 +137,7 @@ class NumbersCache:
         with self._changed:
             self._demanded_ms = now
             latest = self._latest
-            self._observe(latest, current, now)
+            self._observe(current, now)
             fresh = latest is not None and self._fresh(latest, current, now)
             if latest is None or self._due(latest, current, now):
                 self._changed.notify_all()
@@ -179,9 +179,10 @@ class NumbersCache:
         unchanged_ms = max(latest.asked_ms, self._unchanged_ms if latest is self._latest else 0)
         return now - unchanged_ms < self._fresh_ms
 
-    def _observe(self, latest: PageNumbers | None, current: Hashable, now: int) -> None:
+    def _observe(self, current: Hashable, now: int) -> None:
         """Note that the fingerprint read at ``now`` (or later) still equals the latest answer's (under the lock)."""
-        if latest is not None and latest is self._latest and not latest.failed and current == latest.generation:
+        latest = self._latest
+        if latest is not None and not latest.failed and current == latest.generation:
             self._unchanged_ms = max(self._unchanged_ms, now)
 
     def _due(self, latest: PageNumbers, current: Hashable, now: int) -> bool:
@@ -210,7 +211,7 @@ class NumbersCache:
         current = self._generation()
         with self._changed:
             latest = self._latest
-            self._observe(latest, current, now)
+            self._observe(current, now)
         if latest is not None and not self._due(latest, current, now):
             return None
         page = PageRange(now)  # the question begins now: the answer holds every commit made before
@@ -220,15 +221,15 @@ class NumbersCache:
         }
         fast = set() if latest is None or latest.failed else set(latest.rows) - set(self._slow_ms)  # type: ignore[arg-type]
         if slow_due and fast:
-            answer = self._publish(self._round(page, now, current, latest, kept | slow_due), now)  # type: ignore[arg-type]
+            answer = self._publish(self._round(page, now, current, latest, kept | slow_due))  # type: ignore[arg-type]
             if answer.failed:
                 return answer
             kept = set(answer.rows) - slow_due  # type: ignore[arg-type]
             rest = self._round(page, now, current, answer, kept)
             if rest.seconds is not None and answer.seconds is not None:  # the page shows the whole round's time
                 rest = replace(rest, seconds=answer.seconds + rest.seconds)
-            return self._publish(rest, now)
-        return self._publish(self._round(page, now, current, latest, kept), now)
+            return self._publish(rest)
+        return self._publish(self._round(page, now, current, latest, kept))
 
     def _round(
         self, page: PageRange, now: int, current: Hashable, base: PageNumbers | None, kept: set[str]
@@ -252,12 +253,12 @@ class NumbersCache:
         return PageNumbers(page, current, rows, error, source, seconds, self._clock_ms(), asked_ms=now,
                            statements_asked_ms=asked, statements_generation=generations)
 
-    def _publish(self, answer: PageNumbers, asked_ms: int) -> PageNumbers:
+    def _publish(self, answer: PageNumbers) -> PageNumbers:
         with self._changed:
             previous = self._latest
             same = previous is not None and not previous.failed and previous.generation == answer.generation
             # The generation was read at the question's start; seen unchanged since then still holds for it.
-            self._unchanged_ms = max(self._unchanged_ms, asked_ms) if same else asked_ms
+            self._unchanged_ms = max(self._unchanged_ms, answer.asked_ms) if same else answer.asked_ms
             self._latest = answer
             self._changed.notify_all()
         return answer
