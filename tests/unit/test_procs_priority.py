@@ -28,8 +28,13 @@ def test_a_managed_process_and_its_child_run_at_the_service_priority(tmp_path: P
     process.start([sys.executable, "-c", child_code, marker])
     try:
         proc = process.process()
-        assert proc is not None and marker in " ".join(proc.cmdline())  # found again by its marker after nice's exec
+        assert proc is not None
+        # Found again by its marker once nice has exec'd python: during the exec /proc's cmdline reads empty for a
+        # moment (is_marked accepts that), so wait, with a deadline, for the marker to show.
         deadline = time.monotonic() + 10
+        while marker not in " ".join(proc.cmdline()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert marker in " ".join(proc.cmdline())
         while not proc.children() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.nice() == SERVICE_NICENESS
