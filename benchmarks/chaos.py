@@ -42,7 +42,6 @@ import logging
 import random
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -56,6 +55,7 @@ from benchmarks.chaos_jobs import Jobs, airflow_runs, hours_between, run_job, se
 from benchmarks.chaos_readback import end_offsets, read_delta, read_influx, read_metrics, read_truth
 from benchmarks.chaos_setup import Clock, _iso_s, _now, _read_json, _wait, chaos_config, code_state, kill_orphans
 from benchmarks.chaos_traffic import Traffic
+from benchmarks.signals import ignore_stop_signals, interrupt_on_stop_signals
 from benchmarks.speed import read_progress
 from kdq import writers_journal
 from kdq.procs import quiet_port
@@ -115,11 +115,7 @@ def main(argv=None) -> int:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="kdq-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
 
-    def interrupt(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
+    interrupt_on_stop_signals()
 
     from kdq.spark.stream_process import stop_stream
     from kdq.stack.airflow import RECOMPUTE_MINUTES_ENV, START_DATE_ENV, SUPERVISOR_INTERVAL_ENV, LocalAirflow
@@ -322,8 +318,7 @@ def main(argv=None) -> int:
         result["verdict"] = f"RUN FAILED: {exc!r}"[:2000]
         log.exception("chaos run failed")
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        ignore_stop_signals()  # a second Ctrl-C must not cut the shutdown short
         faults.stop.set()
         faults.abort.set()
         traffic.stop.set()

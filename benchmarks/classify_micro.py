@@ -208,4 +208,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from benchmarks.signals import interrupt_on_stop_signals
+
+    interrupt_on_stop_signals()  # a SIGTERM stops the stack this run started, as Ctrl-C does
     raise SystemExit(main())
