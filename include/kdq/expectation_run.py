@@ -182,6 +182,7 @@ def run_evaluation(
     has_rule: Mapping[str, bool] | None = None,
     counts: Iterable[Mapping[str, object]] = (),
     reasons: Iterable[Mapping[str, object]] = (),
+    reasons_lag_seconds: int = 0,
 ) -> RunResult:
     """Evaluate the window's minutes and apply them to the stored incidents; what changed.
 
@@ -194,7 +195,7 @@ def run_evaluation(
     verdicts = evaluate(
         expectations, topics, window.first_minute, window.last_minute, now_ms=now_ms,
         allowed_lateness_seconds=allowed_lateness_seconds, stream=stream,
-        monitored_topics=sorted(has_rule or ()), has_rule=has_rule,
+        monitored_topics=sorted(has_rule or ()), has_rule=has_rule, reasons_lag_seconds=reasons_lag_seconds,
     )
     new_state, notes = apply(state, verdicts, now_ms, as_of=as_of)
     before = {i.key: i for i in stored}

@@ -127,16 +127,17 @@ def _reason_count(counts: MinuteCounts, reason: str) -> int:
 
 
 def _topic_verdicts(
-    tm: TopicMinutes, checks: Sequence[Expectation], first: int, last: int, now_ms: int, lateness: int
+    tm: TopicMinutes, checks: Sequence[Expectation], first: int, last: int, now_ms: int, lateness: int,
+    reasons_lag: int = 0,
 ) -> list[Verdict]:
     reference = tm.max_event_ms if tm.max_event_ms is not None else now_ms
     records = {m: c.records for m, c in tm.counts.items()}
     invalid = {m: c.invalid for m, c in tm.counts.items()}
     out: list[Verdict] = []
 
-    def verdict(check: Expectation, name: str, m: int, value: float | None, ref: int = reference) -> None:
+    def verdict(check: Expectation, name: str, m: int, value: float | None, ref: int = reference, later: int = 0) -> None:
         violated = value is not None and check.violated(value)
-        out.append(Verdict(tm.topic, name, m, violated, value, _final(m, ref, lateness), check))
+        out.append(Verdict(tm.topic, name, m, violated, value, _final(m, ref, lateness + later), check))
 
     for check in checks:
         if check.kind == "invalid_ratio":
@@ -155,7 +156,8 @@ def _topic_verdicts(
                     value = None if check.name.startswith("reason_share:") else float(count[m])
                 else:
                     value = count[m] / total[m] if check.name.startswith("reason_share:") else float(count[m])
-                verdict(check, check.name, m, value)
+                # The stream's reasons reach invalid_reasons up to reasons_lag after its counts: final that much later.
+                verdict(check, check.name, m, value, later=reasons_lag)
         elif check.kind == "silence":
             total = _sums(records, first, last, check.over_minutes)
             active = sorted(m for m, n in records.items() if n > 0)
@@ -219,6 +221,7 @@ def evaluate(
     stream: Sequence[StreamFigures] = (),
     monitored_topics: Iterable[str] = (),
     has_rule: Mapping[str, bool] | None = None,
+    reasons_lag_seconds: int = 0,
 ) -> list[Verdict]:
     """Every verdict of the minutes ``first_minute..last_minute`` (inclusive).
 
@@ -226,11 +229,14 @@ def evaluate(
     passes that range). The stream's figures and the topic list are facts about *now*: they are judged at the
     minute of ``now_ms`` only, final at once (nothing late can change a measurement already taken).
     ``has_rule``: per monitored topic, whether a rule matches it (``RuleSet.rule_for(topic) is not None``).
+    ``reasons_lag_seconds``: how long after its counts the stream's reasons may reach ``invalid_reasons``
+    (:func:`kdq.spark.reasons_flush.reasons_lag_seconds`); a reason check's verdict stays provisional that much longer.
     """
     verdicts: list[Verdict] = []
     for tm in topics:
         checks = expectations.for_topic(tm.topic)
-        verdicts.extend(_topic_verdicts(tm, checks, first_minute, last_minute, now_ms, allowed_lateness_seconds))
+        verdicts.extend(_topic_verdicts(tm, checks, first_minute, last_minute, now_ms, allowed_lateness_seconds,
+                                        reasons_lag_seconds))
     now_minute = now_ms // MINUTE_MS
     for figures in stream:
         for check in expectations.stream:

@@ -210,6 +210,13 @@ def test_quality_page_shows_the_delta_numbers(spark, local_stack, airflow_local,
     burst_sample = json.loads(incident["sample"])
     assert [s["reason"] for s in burst_sample] == ["not_json"] * 3
 
+    # The stream appends its reasons once a minute (kdq.spark.reasons_flush), also while no batch runs.
+    def reasons_appended() -> bool:
+        rows = delta(spark, config, "invalid_reasons", topic).groupBy("reason").agg(F.sum("count").alias("n")).collect()
+        return {r["reason"]: int(r["n"]) for r in rows} == dict(produced_reasons)
+
+    wait_for(reasons_appended, 180, "the stream appends the invalid reasons of what it counted")
+
     # Registered as a navigation entry of the UI that frames the page.
     plugins = requests.get(
         f"{airflow.url}/api/v2/plugins", headers={"Authorization": f"Bearer {airflow.api().token()}"}, timeout=30

@@ -18,6 +18,7 @@ def run_available_now(layer: SpeedLayer, timeout: float = 180) -> None:
         assert query.exception() is None, query.exception()
     finally:
         query.stop()
+        layer.flush_reasons()  # as a graceful stop does: the reasons the batches kept in their ledger entries
 
 
 def test_orders_example_with_late_data(spark, local_stack, tmp_path) -> None:

@@ -189,6 +189,22 @@ def test_reason_count_covers_the_reasons_under_it() -> None:
     assert (verdict.expectation, verdict.value, verdict.violated) == ("reason_count:schema:/properties/amount", 110, True)
 
 
+def test_a_reason_check_stays_provisional_while_the_streams_reasons_may_be_pending() -> None:
+    """The stream appends its reasons up to reasons_lag_seconds after its counts (kdq.spark.reasons_flush): a
+    reason check's minute is final that much later than the counts' checks, so a clear verdict from reasons not
+    appended yet cannot resolve an incident."""
+    expectations = parse_expectations({"invalid_ratio": {"above": 0.5},
+                                       "reason": [{"reason": "not_json", "count_above": 100}]})
+    counts = {M0: MinuteCounts(valid=10, invalid=10, reasons={"not_json": 10})}
+    # The topic's clock 90 s past the minute's end: beyond the 60 s lateness, within lateness + 90 s of lag.
+    topic = TopicMinutes("payments", counts, max_event_ms=(M0 + 1) * MINUTE_MS + 90_000)
+    final = {v.expectation: v.final for v in evaluate(expectations, [topic], M0, M0, now_ms=now_after(2),
+                                                      allowed_lateness_seconds=LATENESS, reasons_lag_seconds=90)}
+    assert final == {"invalid_ratio": True, "reason_count:not_json": False}
+    without_lag = evaluate(expectations, [topic], M0, M0, now_ms=now_after(2), allowed_lateness_seconds=LATENESS)
+    assert all(v.final for v in without_lag)
+
+
 def test_stream_latency_and_unruled_topics_are_judged_now() -> None:
     expectations = parse_expectations({"latency": {"above_seconds": 120}, "lag": {"above_records": 1000},
                                        "unruled_topic": True, "topic": [{"match": "re:scratch-.*", "unruled_topic": False}]})

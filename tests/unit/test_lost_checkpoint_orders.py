@@ -20,10 +20,11 @@ from kdq.rules import load_rules
 from kdq.spark import lost_checkpoint as lc
 from kdq.spark import transforms
 from kdq.spark.ledger import MicroBatchLedger
+from kdq.spark.reasons_flush import REASONS_KEY, ReasonsFlush
 from kdq.spark.speed_layer import app_id_for, checkpoint_dir
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import append_archive, merge_window_increments
-from kdq.tables import WINDOW_COUNTS
+from kdq.tables import INVALID_REASONS, WINDOW_COUNTS
 from tests.conftest import make_config
 
 W = 1_700_000_000_000
@@ -43,17 +44,24 @@ class Stream:
         self.increments: dict[int, list[dict]] = {}
         self.classified: dict[int, object] = {}
 
-    def plan(self, batch_id: int, window_ms: int, offsets: list[int], ingest_ms: int) -> None:
+    def plan(self, batch_id: int, window_ms: int, offsets: list[int], ingest_ms: int, not_json: int = 0) -> None:
+        """Batch ``batch_id``: ``offsets`` in one window, the last ``not_json`` of them invalid (not_json)."""
         stamp = dt.datetime.fromtimestamp((window_ms + 100) / 1000, dt.UTC).replace(tzinfo=None)
-        rows = [(None, json.dumps({"amount": 1}).encode(), TOPIC, 0, o, stamp, 0) for o in offsets]
+        values = [json.dumps({"amount": 1}).encode()] * (len(offsets) - not_json) + [b"{oops"] * not_json
+        rows = [(None, v, TOPIC, 0, o, stamp, 0) for o, v in zip(offsets, values, strict=True)]
         self.classified[batch_id] = transforms.mark_late(
             transforms.classify(self.spark.createDataFrame(rows, SCHEMA), self.rules, self.config.stream, ingest_ms),
             {}, self.config.stream,
         )
+        coarse = window_ms // 60_000 * 60_000
         self.ledger.write({"batch_id": batch_id, "ingest_time_ms": ingest_ms, "max_event_ms_before": {},
-                           "max_event_ms_after": {TOPIC: window_ms + 100}, "invalid_rows": 0})
-        self.increments[batch_id] = [{"topic": TOPIC, "window_start_ms": window_ms, "status": "valid",
-                                      "count": len(offsets), "rules_version": self.rules.version_for(TOPIC)}]
+                           "max_event_ms_after": {TOPIC: window_ms + 100}, "invalid_rows": not_json,
+                           REASONS_KEY: [{"topic": TOPIC, "window_start_ms": coarse, "reason": "not_json", "count": not_json}]
+                           if not_json else []})
+        self.increments[batch_id] = [
+            {"topic": TOPIC, "window_start_ms": window_ms, "status": status, "count": n, "rules_version": self.rules.version_for(TOPIC)}
+            for status, n in (("valid", len(offsets) - not_json), ("invalid", not_json)) if n
+        ]
 
     def archive(self, batch_id: int) -> None:
         append_archive(self.classified[batch_id], self.config, self.app_id, batch_id, batch_id, "stream")
@@ -61,8 +69,11 @@ class Stream:
     def merge(self, batch_id: int) -> None:
         merge_window_increments(self.spark, self.increments[batch_id], self.config, self.app_id, batch_id)
 
-    def run(self, batch_id: int, window_ms: int, offsets: list[int], ingest_ms: int) -> None:
-        self.plan(batch_id, window_ms, offsets, ingest_ms)
+    def flush_reasons(self, newest: int) -> None:
+        ReasonsFlush(self.spark, self.config, self.app_id, self.ledger).flush(newest)
+
+    def run(self, batch_id: int, window_ms: int, offsets: list[int], ingest_ms: int, not_json: int = 0) -> None:
+        self.plan(batch_id, window_ms, offsets, ingest_ms, not_json)
         self.archive(batch_id)
         self.merge(batch_id)
 
@@ -158,6 +169,32 @@ def test_merges_without_their_archive_beyond_one_batch_are_refused(spark, tmp_pa
     with pytest.raises(lc.LostCheckpoint, match="more than one MERGE without its archive rows"):
         lc.recover_lost_batch(spark, config, "lost")
     assert _counts(spark, config)[(W + 2_000, "valid")] == 1  # nothing was changed
+
+
+def _reasons(spark, config) -> dict:
+    df = spark.read.format("delta").load(table_path(config, INVALID_REASONS)).where(F.col("topic") == TOPIC)
+    return {(r["w"], r["reason"]): r["n"] for r in df.groupBy(F.unix_millis("window_start").alias("w"), "reason")
+            .agg(F.sum("count").alias("n")).collect() if r["n"]}
+
+
+def test_the_reasons_the_lost_stream_had_not_appended_yet_are_recomputed_once(spark, tmp_path) -> None:
+    """The stream appends its batches' reasons once a minute from their ledger entries: batches 1 and 2's were
+    still there when the checkpoint was lost. The recovery appends them from the archive, once."""
+    config, stream = _setup(spark, tmp_path)
+    stream.run(0, W, [0, 1, 2], W + 10_000, not_json=1)
+    stream.flush_reasons(0)
+    stream.run(1, W + 1_000, [3, 4], W + 11_000, not_json=2)
+    stream.run(2, W + 61_000, [5, 6], W + 12_000, not_json=1)
+    _lose(config)
+    coarse = W // 60_000 * 60_000
+    assert _reasons(spark, config) == {(coarse, "not_json"): 1}
+
+    assert lc.recover_lost_batch(spark, config, "lost") == 0  # every batch reached the counts: nothing to correct
+    expected = {(coarse, "not_json"): 3, ((W + 61_000) // 60_000 * 60_000, "not_json"): 1}
+    assert _reasons(spark, config) == expected
+    lc.recover_lost_batch(spark, config, "lost")
+    assert _reasons(spark, config) == expected  # a second recovery appends nothing
+    assert _counts(spark, config)[(W + 1_000, "invalid")] == 2
 
 
 # -- a checkpoint restored from an older backup ---------------------------------------------------------------

@@ -22,8 +22,10 @@ from kdq.rules import load_rules
 from kdq.spark import batch_layer as bl
 from kdq.spark import transforms
 from kdq.spark.ledger import MicroBatchLedger
+from kdq.spark.reasons_flush import REASONS_KEY, ReasonsFlush
 from kdq.spark.rebuild import rebuild
 from kdq.spark.speed_layer import app_id_for, checkpoint_dir
+from kdq.spark.stream_cut import reasons_at, stream_cut
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import append_archive, merge_window_increments
 from kdq.tables import WINDOW_COUNTS
@@ -110,3 +112,39 @@ def test_a_merge_between_the_rebuilds_read_and_write_is_not_lost(spark, tmp_path
     # Every record once: 5, 7, 8, 9 valid (batch 1 is re-judged too: the second cut holds it), -1 invalid.
     assert _counts(spark, config) == {(W, "valid"): 4, (W, "invalid"): 1}  # before: valid 2, batch 1's +2 lost
     assert report.corrections == 2
+
+
+def _with_reasons(stream: Stream, batch_id: int, not_json: int) -> None:
+    """Batch ``batch_id``'s ledger entry as the speed layer writes it: with its reason increments."""
+    entry = dict(stream.ledger.read(batch_id))
+    entry.update({"invalid_rows": not_json, REASONS_KEY: [
+        {"topic": TOPIC, "window_start_ms": W // 60_000 * 60_000, "reason": "not_json", "count": not_json}]})
+    stream.ledger.delete(batch_id)
+    stream.ledger.write(entry)
+
+
+def _reason_total(spark, config, cut) -> int:
+    return int(reasons_at(spark, config, cut).where(F.col("topic") == TOPIC).agg(F.sum("count")).first()[0] or 0)
+
+
+def test_the_cut_holds_the_reasons_the_stream_has_not_appended_yet_and_no_later_ones(spark, tmp_path) -> None:
+    """The stream appends its batches' reasons once a minute from their ledger entries: a cut counts the merged
+    batches' pending reasons as present (they will be), and leaves out a flushed batch it does not hold."""
+    config, stream = _setup(spark, tmp_path)
+    flush = ReasonsFlush(spark, config, stream.app_id, stream.ledger)
+    for batch_id, invalid in ((0, 1), (1, 2), (2, 3)):
+        stream.archive(batch_id, [1, 2], first_offset=batch_id * 10)
+        _with_reasons(stream, batch_id, invalid)
+        stream.merge(batch_id)
+    flush.flush(0)
+
+    cut = stream_cut(spark, config, wait_seconds=5)
+    assert (cut.last_merged, len(cut.pending_reasons)) == (2, 2)  # batches 1 and 2 from the ledger
+    assert _reason_total(spark, config, cut) == 6
+
+    stream.archive(3, [1], first_offset=30)  # archived, its MERGE not landed yet
+    _with_reasons(stream, 3, 4)
+    flush.flush(3)  # 1..3 appended: batch 3's rows are in the table, not in the cut
+    later = stream_cut(spark, config, wait_seconds=5)
+    assert (later.last_merged, later.pending_reasons) == (2, ())
+    assert _reason_total(spark, config, later) == 6

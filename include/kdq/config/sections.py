@@ -222,6 +222,11 @@ class StreamConfig(Section):
     trigger_interval_seconds: float = Field(default=5.0, ge=0)
     max_value_bytes: int = Field(default=1024 * 1024, gt=0, description="larger values are invalid: too_large")
     reasons_window_seconds: int = Field(default=60, gt=0)
+    reasons_flush_seconds: float = Field(
+        default=60.0, ge=0,
+        description="how often the stream appends the invalid reasons its micro-batches kept in their ledger entries "
+        "(and at a graceful stop); 0: every micro-batch. invalid_reasons lags the counts by up to this long",
+    )
     quarantine_per_window: int = Field(default=20, ge=0)
     on_fresh_checkpoint: str = Field(
         default="refuse",

@@ -50,6 +50,7 @@ from kdq.expectations import MINUTE_MS
 from kdq.incidents import Incident, incident_from_row, incident_row
 from kdq.job_reports import ExpectationsReport
 from kdq.rules import load_rules
+from kdq.spark.reasons_flush import reasons_lag_seconds
 from kdq.spark.tables import table_path
 from kdq.spark.writers import delta_snapshot, insert_absent, retry_on_conflict
 from kdq.step_clock import StepClock
@@ -274,7 +275,7 @@ def evaluate_run(spark: SparkSession, config: Config, now_ms: int,
                               running_batch(config, now_ms=now_ms), now_ms=now_ms,
                               recompute_minutes=minutes_since_recompute(read_entries(config), now_ms)),
         has_rule={t: rules.rule_for(t) is not None for t in topics_seen},
-        counts=counts, reasons=reasons,
+        counts=counts, reasons=reasons, reasons_lag_seconds=reasons_lag_seconds(config.stream),
     )
     steps.lap("judge")
     opened = {n.incident.key for n in result.notifications if n.event == "open"}

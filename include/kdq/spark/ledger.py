@@ -33,6 +33,7 @@ class MicroBatchLedger:
         self._fs = self._dir.getFileSystem(spark._jsc.hadoopConfiguration())
         self._fs.mkdirs(self._dir)
         self._keep = keep
+        self._floor: int | None = None  # entries after it are never trimmed (keep_after)
         self._cache: dict[int, dict] = {}
 
     def _path(self, batch_id: int):
@@ -82,7 +83,13 @@ class MicroBatchLedger:
         self._cache[batch_id] = entry
         if batch_id % 100 == 0:
             for old in self._batch_ids()[: -self._keep]:
-                self._fs.delete(self._path(old), False)
+                if self._floor is None or old <= self._floor:
+                    self._fs.delete(self._path(old), False)
+
+    def keep_after(self, batch_id: int) -> None:
+        """Never trim the entries after ``batch_id``: their reasons are not in ``invalid_reasons`` yet
+        (:mod:`kdq.spark.reasons_flush`)."""
+        self._floor = batch_id
 
     def delete(self, batch_id: int) -> None:
         """Remove an entry (write never replaces an existing one: a Hadoop rename onto it fails)."""

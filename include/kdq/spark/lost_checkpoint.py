@@ -15,9 +15,12 @@ is refused at start, unless the operator chose what to do
 * ``starting_offsets``: an explicit reset: start at ``kafka.starting_offsets``
   as configured, accepting what that means (``earliest`` counts again).
 
-Recovery (:func:`recover_lost_batch`). The lost stream's micro-batch N writes its archive append and its
-reasons append on writer threads beside its window-count MERGE, each guarded by (its app id, N); batch N+1
-starts only after all of N landed. So only the last batch can be partial, in any order. The checkpoint (and
+Recovery (:func:`recover_lost_batch`). The lost stream's micro-batch N appends its records to the archive,
+then MERGEs its window counts, each guarded by (its app id, N); batch N+1 starts only after all of N landed. So
+only the last batch can be partial. Its reasons wait in the ledger entries for the once-a-minute append
+(:mod:`kdq.spark.reasons_flush`) and are lost with the checkpoint: those of the archived batches after the
+reasons table's txn version ``r`` are recomputed from the archive first (under either start policy that counts
+on). The checkpoint (and
 its app id, its ledger) is gone, but the tables' Delta logs know: their txn actions list every app id with
 its last version and when it was written. The lost stream is the ``kdq-stream-*`` app id written last; its
 versions ``c`` (window_counts), ``a`` (raw archive), ``r`` (invalid_reasons) say what landed:
@@ -57,7 +60,7 @@ from kdq import storage
 from kdq.config import Config, ConfigError
 from kdq.spark.stream_cut import _txn, read_at
 from kdq.spark.tables import table_path
-from kdq.spark.writers import append_reason_rows, delta_snapshot
+from kdq.spark.writers import append_reason_rows, append_stream_reason_rows, delta_snapshot
 from kdq.storage import Location
 from kdq.stream.checkpoint_offsets import batch_ids
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
@@ -247,6 +250,7 @@ def recover_lost_batch(spark: SparkSession, config: Config, run_id: str) -> int:
             "cannot be tied to archived records. Restore the checkpoint, or rebuild the affected range with "
             '`kdq job rebuild` and start with stream.on_fresh_checkpoint = "starting_offsets" at chosen offsets'
         )
+    _append_unflushed_reasons(spark, config, archive, lost)
     if lost.counts > lost.archive:
         # The MERGE of batch `counts` landed, its archive append did not: the windows hold increments for
         # records the archive lacks, which the new stream reads again. Set those windows to the archive's count.
@@ -299,16 +303,6 @@ def recover_lost_batch(spark: SparkSession, config: Config, run_id: str) -> int:
         counts = recompute_counts(archive, windows, size, read_retired(spark, config))
         ms = int(rows.agg(F.unix_millis(F.max("ingest_time")).alias("ms")).first()["ms"])
         changed = bl.apply_corrections(spark, config, counts, run_id, (ms, ms + 1), "lost_checkpoint")
-        if lost.reasons < batch:  # complete its reasons append under the lost stream's own guard
-            from kdq.spark import transforms
-
-            reasons = transforms.reason_counts(rows.where(F.col("counted")), config.stream.reasons_window_seconds)
-            append_reason_rows(
-                spark, config,
-                [{"topic": r["topic"], "window_start_ms": r["ms"], "reason": r["reason"], "count": r["count"]}
-                 for r in reasons.select("topic", F.unix_millis("window_start").alias("ms"), "reason", "count").collect()],
-                batch, lost.app_id, batch,
-            )
         log.warning(
             "lost checkpoint: micro-batch %d of %s is archived (its MERGE: %s): its windows recomputed from the "
             "archive: %d correction(s)", batch, lost.app_id, "landed" if lost.counts >= batch else "missing", len(changed),
@@ -316,6 +310,39 @@ def recover_lost_batch(spark: SparkSession, config: Config, run_id: str) -> int:
         return len(changed)
     log.warning("lost checkpoint: the last micro-batch of %s (%d) reached every table: nothing to recompute", lost.app_id, lost.counts)
     return 0
+
+
+def _append_unflushed_reasons(spark: SparkSession, config: Config, archive: DataFrame, lost: LostStream) -> int:
+    """The reasons of the lost stream's archived batches ``(reasons, archive]``, recomputed from their archived
+    rows: the stream appends a minute of batches' reasons at a time from their ledger entries
+    (:mod:`kdq.spark.reasons_flush`), and those entries were lost with the checkpoint. Appended as the stream would
+    have (a row per batch, topic, coarse window and reason, its ingest time as ``updated_at``) under the lost
+    stream's own guard at ``archive``: a second run, or a flush that did land, makes it a no-op. Returns the rows."""
+    from kdq.spark import transforms
+
+    first, last = lost.reasons + 1, lost.archive
+    if last < first:
+        return 0
+    rows = archive.where((F.col("source") == "stream") & F.col("batch_id").between(first, last) & F.col("counted"))
+    # An older checkpoint's batches have the same ids: each id's newest rows are the lost stream's (every batch of
+    # it archived its records, and it wrote last).
+    newest = archive.where((F.col("source") == "stream") & F.col("batch_id").between(first, last)).groupBy(
+        "batch_id").agg(F.max("ingest_time").alias("ingest_time"))
+    rows = rows.join(newest, ["batch_id", "ingest_time"]).withColumn("ingest_time_ms", F.unix_millis("ingest_time"))
+    reasons = transforms.reason_counts(rows, config.stream.reasons_window_seconds, by=("batch_id", "ingest_time_ms"))
+    found = [
+        {"topic": r["topic"], "window_start_ms": r["ms"], "reason": r["reason"], "count": int(r["count"]),
+         "batch_id": int(r["batch_id"]), "ingest_time_ms": int(r["ingest_time_ms"])}
+        for r in reasons.select(
+            "batch_id", "ingest_time_ms", "topic", F.unix_millis("window_start").alias("ms"), "reason", "count"
+        ).collect()
+    ]
+    append_stream_reason_rows(spark, config, found, lost.app_id, last)
+    log.warning(
+        "lost checkpoint: the reasons of micro-batches %d..%d of %s (not appended before the checkpoint was lost) "
+        "recomputed from the archive: %d row(s)", first, last, lost.app_id, len(found),
+    )
+    return len(found)
 
 
 def _with_empty_windows(counts: DataFrame, windows: DataFrame, window_seconds: int) -> DataFrame:
@@ -388,6 +415,9 @@ def starting_offsets(spark: SparkSession, config: Config, checkpoint: Location) 
             "fresh checkpoint %s over a non-empty archive: starting at kafka.starting_offsets = %s as configured "
             "(stream.on_fresh_checkpoint = starting_offsets)", checkpoint, config.kafka.starting_offsets,
         )
+        lost = lost_stream(spark, config)
+        if lost is not None:  # its counted batches keep their reasons, whatever is counted again now
+            _append_unflushed_reasons(spark, config, archive, lost)
         return None
     if policy == "resume_from_archive":
         recover_lost_batch(spark, config, run_id=f"lost-checkpoint-{storage.name_of(checkpoint)}")

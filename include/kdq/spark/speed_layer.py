@@ -25,9 +25,12 @@ until its commit is in the checkpoint):
    batch judges lateness from it, and a replay of an entry written by an
    earlier version (before its archive append) classifies with the rules of its
    first attempt (the classifier document is kept in the checkpoint by hash);
-3. the invalid-reason increments append, guarded by (app id, N) as write
-   options, on a writer thread while this thread MERGEs the window-count
-   increments (and the summaries), guarded by the session-wide (app id, N);
+3. this thread MERGEs the window-count increments (and the summaries),
+   guarded by the session-wide (app id, N); the batch's invalid-reason
+   increments are in its ledger entry, and once a minute (and at a graceful
+   stop) the entries not yet in ``invalid_reasons`` are appended there in one
+   commit guarded by (app id, N), on a writer thread beside the MERGE
+   (:mod:`kdq.spark.reasons_flush`);
 4. absolute counts of the changed windows are read back from Delta and sent
    to the metrics topic and InfluxDB: absolute values, so re-sending after a
    replay is harmless (at-least-once delivery of idempotent values); they carry
@@ -44,7 +47,6 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -62,6 +64,7 @@ from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
 from kdq.spark.ledger import MicroBatchLedger, RulesDocuments
 from kdq.spark.outputs import push_batch_influx
 from kdq.spark.push_reads import counts_version, read_range_at
+from kdq.spark.reasons_flush import REASONS_KEY, ReasonsFlush
 from kdq.spark.session import small_query_session
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import (
@@ -74,7 +77,7 @@ from kdq.spark.writers import (
 from kdq.step_clock import StepClock
 from kdq.stream import failures as batch_failures
 from kdq.stream.checkpoint_offsets import speed_layer_checkpoint
-from kdq.stream.micro_batch import increments_of, merge_maxima
+from kdq.stream.micro_batch import MicroBatchReport, increments_of, merge_maxima
 from kdq.stream.state import InfluxPushState
 from kdq.tables import RAW_ARCHIVE
 from kdq.windows import subscribe_pattern
@@ -99,32 +102,6 @@ def app_id_for(checkpoint: storage.Location) -> str:
     if not files.exists(path):
         files.create_if_absent(path, f"kdq-stream-{uuid.uuid4()}".encode())  # two starters agree on one id
     return files.read_bytes(path).decode().strip()
-
-
-@dataclass
-class MicroBatchReport:
-    batch_id: int
-    input_rows: int = 0
-    input_rows_by_topic: dict[str, int] = field(default_factory=dict)
-    invalid_rows: int = 0
-    invalid_rows_by_topic: dict[str, int] = field(default_factory=dict)
-    late_rows: dict[str, int] = field(default_factory=dict)
-    max_event_ms: dict[str, int] = field(default_factory=dict)
-    changed_windows: int = 0
-    influx_ok: bool = True
-    replayed: bool = False
-    durations_ms: dict[str, int] = field(default_factory=dict)
-    oldest_kafka_ms: int | None = None  # the batch's oldest and newest Kafka record timestamps
-    newest_kafka_ms: int | None = None
-    visible_ms: int | None = None  # when its counts became visible in window_counts (its MERGE committed)
-
-    def end_to_end_latency_ms(self) -> dict[str, int] | None:
-        """Produce → counts visible in Delta for the batch's oldest and newest records (never below 0: a
-        producer clock ahead of this one)."""
-        if self.visible_ms is None or self.oldest_kafka_ms is None or self.newest_kafka_ms is None:
-            return None
-        return {"oldest": max(0, self.visible_ms - self.oldest_kafka_ms),
-                "newest": max(0, self.visible_ms - self.newest_kafka_ms)}
 
 
 class SpeedLayer:
@@ -152,6 +129,8 @@ class SpeedLayer:
         # The rules as the JVM compiles them; a ledger entry names the hash of the document its batch used.
         self.rules_document = ClassifierDocument.of(rules, config.stream)
         self.rules_documents = RulesDocuments(spark, str(self.checkpoint))
+        self.reasons = ReasonsFlush(self.small, config, self.app_id, self.ledger)
+        self._newest_entry = -1  # the newest batch whose ledger entry this process wrote or read
         self.push_state = InfluxPushState(config)
         self.reports: dict[int, MicroBatchReport] = {}
         self.on_report: Callable[[MicroBatchReport], None] | None = None
@@ -181,6 +160,7 @@ class SpeedLayer:
     def start(self, trigger_seconds: float | None = None, available_now: bool = False) -> StreamingQuery:
         ensure_metrics_topic(self.config)
         ensure_tables(self.spark, self.config)
+        self.reasons.flushed()  # the ledger's trim floor, before a batch may trim it
         seconds = self.config.stream.trigger_interval_seconds if trigger_seconds is None else trigger_seconds
         writer = (
             self.source()
@@ -254,17 +234,24 @@ class SpeedLayer:
                         "input_rows_by_topic": report.input_rows_by_topic,
                         "late_rows": report.late_rows,
                         "invalid_rows": report.invalid_rows,
+                        REASONS_KEY: increments_in.reason_increments,
                     }
                 )
+            self._newest_entry = max(self._newest_entry, batch_id)
             self.faults.maybe_crash("after_ledger", batch_id, report.input_rows)
             if report.input_rows == 0:
                 return
 
-            # The reasons append carries its own (app id, batch) guard as write options, so it runs beside
-            # the MERGEs on a writer thread; the MERGEs use the session-wide guard and therefore stay on this
-            # thread, one after the other. Each write is idempotent on its own, so any subset of them may have
-            # landed when the process dies: the replay completes the rest.
-            writes = [self._submit(timings, "reasons", self._append_reasons, increments_in.reason_increments, batch_id)]
+            # The reasons' flush carries its own (app id, batch) guard as write options, so it runs beside the
+            # MERGEs on a writer thread; the MERGEs use the session-wide guard and therefore stay on this thread,
+            # one after the other. Each write is idempotent on its own, so any subset of them may have landed when
+            # the process dies: the replay completes the rest.
+            if current is not None and REASONS_KEY not in current:
+                # An entry of a kdq version that appended each batch's reasons itself: so does its replay.
+                writes = [self._submit(timings, "reasons", append_reason_increments, self.small,
+                                       increments_in.reason_increments, self.config, self.app_id, batch_id)]
+            elif self.reasons.due():
+                writes = [self._submit(timings, "reasons", self.reasons.flush, batch_id)]
             increments = increments_in.window_increments
             merge_window_increments(self.small, increments, self.config, self.app_id, batch_id)
             report.visible_ms = now_ms()
@@ -489,12 +476,23 @@ class SpeedLayer:
 
         return self._writers.submit(timed)
 
-    def _append_reasons(self, reasons: list[dict], batch_id: int) -> None:
-        append_reason_increments(self.small, reasons, self.config, self.app_id, batch_id)
+    def flush_reasons(self, only_if_due: bool = False) -> None:
+        """Append the reasons the batches so far keep only in their ledger entries: at a stop, and from the
+        stream's loop while no batch runs (``only_if_due``: once a minute), so the last reasons before a quiet
+        spell do not wait for the next record."""
+        if self._newest_entry >= 0 and not (only_if_due and not self.reasons.due()):
+            self.reasons.flush(self._newest_entry)
 
-    def close(self) -> None:
-        """Flush and drop the metrics producer (its client threads would otherwise outlive the query)."""
+    def close(self, flush_reasons: bool = True) -> None:
+        """After the query stopped: append the reasons still only in the ledger (not by a driver fenced out of the
+        checkpoint: its owner does), then flush and drop the metrics producer (its client threads would otherwise
+        outlive the query)."""
         self._writers.shutdown(wait=True)
+        if flush_reasons:
+            try:
+                self.flush_reasons()
+            except Exception:  # they stay in the ledger: the next start's first flush appends them
+                log.exception("the reasons of micro-batches up to %d were not appended at the stop", self._newest_entry)
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None

@@ -12,9 +12,11 @@ break that (they once lost 820 records under ``make run``):
   overwritten: lost.
 
 The cut takes the stored counts at one ``window_counts`` version ``V`` and, from the Delta log of that
-version, the last micro-batch ``T`` whose MERGE it holds (the stream's txn version). The archive (and the
-reasons) are read at versions that hold every batch up to ``T`` (waiting briefly for the stream's appends,
-which run beside its MERGE), and the rows of the stream's later batches are left out: stream-counted rows
+version, the last micro-batch ``T`` whose MERGE it holds (the stream's txn version). The archive is read at a
+version that holds every batch up to ``T`` (waiting briefly for the stream's append, which runs beside its
+MERGE); the reasons at the version read, plus the reasons of the batches up to ``T`` the stream has not
+appended yet, from their ledger entries (it appends them once a minute: :mod:`kdq.spark.reasons_flush`). The
+rows of the stream's later batches are left out: stream-counted rows
 ingested at or after the ingest time of batch ``T + 1`` (from the micro-batch ledger, or the time Spark planned it
 while only its archive append has landed; ingest times grow with batch ids, and an older checkpoint's batches
 all predate this one's). The first race is gone by
@@ -27,13 +29,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kdq import storage
 from kdq.config import Config
+from kdq.spark.reasons_flush import REASONS_KEY, pending_reason_rows
 from kdq.spark.tables import table_path
 from kdq.spark.writers import delta_snapshot
 from kdq.stream.checkpoint_offsets import batch_timestamp_ms, speed_layer_checkpoint
@@ -64,6 +67,8 @@ class StreamCut:
     archive_version: int
     reasons_version: int
     excluded_from_ms: int | None
+    # The reasons of batches up to last_merged not in invalid_reasons yet (ledger rows; not logged: one per window).
+    pending_reasons: tuple[dict, ...] = field(default=(), repr=False)
 
     def archive_rows(self) -> Column:
         """Archive rows the stored counts may hold: all but the stream-counted rows of later batches."""
@@ -127,11 +132,19 @@ def _ingest_bound_ms(config: Config, batch_id: int) -> int:
     return planned
 
 
-def _ledger_invalid_rows(config: Config, batch_id: int) -> int | None:
-    if batch_id < 0:
-        return 0
-    entry = _ledger_entry(config, batch_id)
-    return None if entry is None else int(entry.get("invalid_rows", 1))
+def _pending_reasons(config: Config, flushed: int, last_merged: int) -> list[dict] | None:
+    """The reasons of batches ``(flushed, last_merged]`` from their ledger entries, or None while one of them has
+    none there (an entry of a kdq version that appended each batch's reasons itself, still appending)."""
+    entries = []
+    for batch_id in range(flushed + 1, last_merged + 1):
+        entry = _ledger_entry(config, batch_id)
+        if entry is None or REASONS_KEY not in entry:
+            # A batch with no counted invalid record appended no reasons in that version: nothing pending.
+            if entry is not None and int(entry.get("invalid_rows", 1)) == 0:
+                continue
+            return None
+        entries.append(entry)
+    return pending_reason_rows(entries)
 
 
 def stream_cut(spark: SparkSession, config: Config, wait_seconds: float = 120.0) -> StreamCut:
@@ -147,10 +160,8 @@ def stream_cut(spark: SparkSession, config: Config, wait_seconds: float = 120.0)
         archive = delta_snapshot(spark, table_path(config, RAW_ARCHIVE))
         reasons = delta_snapshot(spark, table_path(config, INVALID_REASONS))
         archived, reasoned = _txn(archive, app_id), _txn(reasons, app_id)
-        # A batch with no counted invalid record appends no reasons, so its guard is never recorded there:
-        # its ledger entry says so (invalid_rows), and every batch before it has committed.
-        reasons_done = reasoned >= last_merged or _ledger_invalid_rows(config, last_merged) == 0
-        if archived >= last_merged and reasons_done:
+        pending = [] if app_id is None or reasoned >= last_merged else _pending_reasons(config, reasoned, last_merged)
+        if archived >= last_merged and pending is not None:
             break
         if time.monotonic() > deadline:
             WAITS.waited_for_stream(time.monotonic() - waiting_since)
@@ -171,8 +182,9 @@ def stream_cut(spark: SparkSession, config: Config, wait_seconds: float = 120.0)
         archive_version=int(archive.version()),
         reasons_version=int(reasons.version()),
         excluded_from_ms=excluded,
+        pending_reasons=tuple(pending),
     )
-    log.info("stream cut: %s", cut)
+    log.info("stream cut: %s (%d pending reason rows)", cut, len(cut.pending_reasons))
     return cut
 
 
@@ -191,5 +203,16 @@ def counts_at(spark: SparkSession, config: Config, cut: StreamCut) -> DataFrame:
 
 
 def reasons_at(spark: SparkSession, config: Config, cut: StreamCut) -> DataFrame:
-    """``invalid_reasons`` rows the cut holds."""
-    return read_at(spark, config, INVALID_REASONS, cut.reasons_version).where(cut.reason_rows())
+    """``invalid_reasons`` rows the cut holds: the table's at the cut's version and the stream's pending ones."""
+    stored = read_at(spark, config, INVALID_REASONS, cut.reasons_version).where(cut.reason_rows())
+    if not cut.pending_reasons:
+        return stored
+    pending = spark.createDataFrame(
+        [(r["topic"], int(r["window_start_ms"]), r["reason"], int(r["count"]), int(r["batch_id"]), int(r["ingest_time_ms"]))
+         for r in cut.pending_reasons],
+        "topic STRING, window_start_ms BIGINT, reason STRING, count BIGINT, batch_id BIGINT, ingest_time_ms BIGINT",
+    ).select(
+        "topic", F.timestamp_millis("window_start_ms").alias("window_start"), "reason", "count", "batch_id",
+        F.timestamp_millis("ingest_time_ms").alias("updated_at"),
+    )
+    return stored.unionByName(pending, allowMissingColumns=True)

@@ -147,6 +147,10 @@ def _run_owned(
         done = progress["batchId"] if progress else None
         if not active:
             active_since = None
+            try:
+                layer.flush_reasons(only_if_due=True)
+            except Exception:  # kept in the ledger: the next flush (a minute on, or the next batch's) retries
+                log.exception("appending the stream's pending invalid reasons failed")
         elif active_since is None or done != last_done:
             active_since = int(time.time() * 1000)
         last_done = done
@@ -169,7 +173,7 @@ def _run_owned(
             time.sleep(0.2)
         query.stop()
     recorder.heartbeat("stopped")
-    layer.close()
+    layer.close(flush_reasons=not fenced.is_set())
     report = StreamReport(app_id=layer.app_id, checkpoint=str(layer.checkpoint))
     if fenced.is_set():
         stream_state.record_refusal(config, f"fenced: {lease.lost}", None, kind="fenced")

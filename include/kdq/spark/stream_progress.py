@@ -1,4 +1,4 @@
-"""The speed layer's progress for the supervisor: each batch's progress, its :class:`kdq.spark.speed_layer.MicroBatchReport`
+"""The speed layer's progress for the supervisor: each batch's progress, its :class:`kdq.stream.micro_batch.MicroBatchReport`
 figures and a heartbeat, written to ``<data_dir>/stream/`` by a Spark query listener (:class:`ProgressRecorder`)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ No Python runs per record: the value is judged by one JVM function
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
@@ -298,18 +298,19 @@ def one_row_per_record(archived: DataFrame) -> DataFrame:
     return archived.withColumn("__copy", F.row_number().over(first)).where(F.col("__copy") == 1).drop("__copy")
 
 
-def reason_counts(rows: DataFrame, reasons_window_seconds: int) -> DataFrame:
-    """(topic, window_start, reason, count) of the invalid ``rows`` per coarse reasons window: the shape of
-    the ``invalid_reasons`` table (the stream sums the same in Python, :mod:`kdq.stream.micro_batch`)."""
+def reason_counts(rows: DataFrame, reasons_window_seconds: int, by: Sequence[str] = ()) -> DataFrame:
+    """(``by`` columns, topic, window_start, reason, count) of the invalid ``rows`` per coarse reasons window: the
+    shape of the ``invalid_reasons`` table (the stream sums the same in Python, :mod:`kdq.stream.micro_batch`)."""
     size = int(reasons_window_seconds) * 1000
     return (
         rows.where(~F.col("valid"))
         .select(
+            *by,
             "topic",
             F.timestamp_millis(F.floor(F.unix_millis("window_start") / size) * size).alias("window_start"),
             "reason",
         )
-        .groupBy("topic", "window_start", "reason")
+        .groupBy(*by, "topic", "window_start", "reason")
         .agg(F.count("*").cast("bigint").alias("count"))
     )
 

@@ -14,6 +14,32 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class MicroBatchReport:
+    batch_id: int
+    input_rows: int = 0
+    input_rows_by_topic: dict[str, int] = field(default_factory=dict)
+    invalid_rows: int = 0
+    invalid_rows_by_topic: dict[str, int] = field(default_factory=dict)
+    late_rows: dict[str, int] = field(default_factory=dict)
+    max_event_ms: dict[str, int] = field(default_factory=dict)
+    changed_windows: int = 0
+    influx_ok: bool = True
+    replayed: bool = False
+    durations_ms: dict[str, int] = field(default_factory=dict)
+    oldest_kafka_ms: int | None = None  # the batch's oldest and newest Kafka record timestamps
+    newest_kafka_ms: int | None = None
+    visible_ms: int | None = None  # when its counts became visible in window_counts (its MERGE committed)
+
+    def end_to_end_latency_ms(self) -> dict[str, int] | None:
+        """Produce → counts visible in Delta for the batch's oldest and newest records (never below 0: a
+        producer clock ahead of this one)."""
+        if self.visible_ms is None or self.oldest_kafka_ms is None or self.newest_kafka_ms is None:
+            return None
+        return {"oldest": max(0, self.visible_ms - self.oldest_kafka_ms),
+                "newest": max(0, self.visible_ms - self.newest_kafka_ms)}
+
+
+@dataclass
 class MicroBatchIncrements:
     """One micro-batch, reduced: rows in per topic, rows left to the batch layer (late) per topic, invalid
     rows, the largest event time per topic (the watermark's input), and the increments the stream MERGEs
