@@ -38,7 +38,7 @@ from kdq import storage
 from kdq.config import Config
 from kdq.spark.reasons_flush import REASONS_KEY, pending_reason_rows
 from kdq.spark.tables import table_path
-from kdq.spark.writers import delta_snapshot
+from kdq.spark.writers import delta_snapshot, stream_reason_frame
 from kdq.stream.checkpoint_offsets import batch_timestamp_ms, speed_layer_checkpoint
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
 from kdq.writers_journal import WAITS
@@ -207,12 +207,5 @@ def reasons_at(spark: SparkSession, config: Config, cut: StreamCut) -> DataFrame
     stored = read_at(spark, config, INVALID_REASONS, cut.reasons_version).where(cut.reason_rows())
     if not cut.pending_reasons:
         return stored
-    pending = spark.createDataFrame(
-        [(r["topic"], int(r["window_start_ms"]), r["reason"], int(r["count"]), int(r["batch_id"]), int(r["ingest_time_ms"]))
-         for r in cut.pending_reasons],
-        "topic STRING, window_start_ms BIGINT, reason STRING, count BIGINT, batch_id BIGINT, ingest_time_ms BIGINT",
-    ).select(
-        "topic", F.timestamp_millis("window_start_ms").alias("window_start"), "reason", "count", "batch_id",
-        F.timestamp_millis("ingest_time_ms").alias("updated_at"),
-    )
+    pending = stream_reason_frame(spark, cut.pending_reasons)
     return stored.unionByName(pending, allowMissingColumns=True)

@@ -197,19 +197,16 @@ def append_reason_rows(
     append_once(rows_out, table_path(config, INVALID_REASONS), app_id, version)
 
 
-def append_stream_reason_rows(
-    spark: SparkSession, config: Config, rows: Sequence[Mapping], app_id: str, version: int
-) -> None:
-    """Append the stream's reason rows of several micro-batches ((topic, window_start_ms, reason, count,
-    batch_id, ingest_time_ms), :mod:`kdq.spark.reasons_flush`) once per (app id, version), each with its batch's
-    id and ingest time as ``updated_at``. Commits even with no rows: the table's txn version then records how far
-    the stream's ledger is flushed."""
+def stream_reason_frame(spark: SparkSession, rows: Sequence[Mapping]) -> DataFrame:
+    """The stream's reason rows of several micro-batches ((topic, window_start_ms, reason, count, batch_id,
+    ingest_time_ms), :mod:`kdq.spark.reasons_flush`) as ``invalid_reasons`` rows: each with its batch's id and
+    its ingest time as ``updated_at``."""
     df = spark.createDataFrame(
         [(r["topic"], int(r["window_start_ms"]), r["reason"], int(r["count"]), int(r["batch_id"]), int(r["ingest_time_ms"]))
          for r in rows],
         "topic STRING, window_start_ms BIGINT, reason STRING, count BIGINT, batch_id BIGINT, ingest_time_ms BIGINT",
     )
-    rows_out = df.select(
+    return df.select(
         "topic",
         F.timestamp_millis("window_start_ms").alias("window_start"),
         "reason",
@@ -217,7 +214,14 @@ def append_stream_reason_rows(
         "batch_id",
         F.timestamp_millis("ingest_time_ms").alias("updated_at"),
     )
-    append_once(rows_out, table_path(config, INVALID_REASONS), app_id, version)
+
+
+def append_stream_reason_rows(
+    spark: SparkSession, config: Config, rows: Sequence[Mapping], app_id: str, version: int
+) -> None:
+    """Append :func:`stream_reason_frame` of ``rows`` once per (app id, version). Commits even with no rows: the
+    table's txn version then records how far the stream's ledger is flushed."""
+    append_once(stream_reason_frame(spark, rows), table_path(config, INVALID_REASONS), app_id, version)
 
 
 def adjust_invalid_reasons(
