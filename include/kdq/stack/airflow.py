@@ -294,16 +294,27 @@ class LocalAirflow:
                    log=self.process.log_tail)
         self.ensure_batch_pool()
 
-    def ensure_batch_pool(self) -> None:
+    def ensure_batch_pool(self, timeout: float = 60.0, pause: float = 2.0) -> None:
         """The batch jobs' pool (:mod:`kdq.airflow_pools`), created once through the REST API: its tasks are not
-        scheduled without it. An operator's later change of its slots is kept."""
+        scheduled without it. An operator's later change of its slots is kept. A 5xx answer is retried until
+        ``timeout``: standalone's SQLite answers 500 "Database error" while another of its parts holds the write
+        lock (a `make run` start failed on that once)."""
         api = self.api()
-        found = api.request("GET", f"pools/{BATCH_POOL}")
+        deadline = time.monotonic() + timeout
+
+        def request(method: str, path: str, **kwargs: Any) -> requests.Response:
+            while True:
+                response = api.request(method, path, **kwargs)
+                if response.status_code < 500 or time.monotonic() + pause > deadline:
+                    return response
+                time.sleep(pause)
+
+        found = request("GET", f"pools/{BATCH_POOL}")
         if found.status_code == 200:
             return
         if found.status_code != 404:
             raise StackError(f"airflow: reading pool {BATCH_POOL} failed: {found.status_code} {found.text[:300]}")
-        made = api.request(
+        made = request(
             "POST", "pools", json={"name": BATCH_POOL, "slots": BATCH_POOL_SLOTS, "description": BATCH_POOL_DESCRIPTION}
         )
         if made.status_code not in (200, 201, 409):  # 409: created meanwhile by another start
