@@ -100,6 +100,16 @@ LOCAL_RUN ?=
 bench-local-run: setup
 	@$(PY) -m benchmarks.local_run $(LOCAL_RUN)
 
+## bench-soak: issue 24's soak run: the speed layer for 2 hours at 5,000 msgs/s (make bench's 1 KB orders) started by
+## its supervisor DAG, with kdq_hourly_recompute running as scheduled beside it; per 10 minutes the batches' fixed
+## cost, produce -> visible p50/p99, the stream's cores and RSS, and whether they stay flat from the first hour to
+## the last; exactness checked at the end. Results in benchmarks/results/soak.{json,md}; a quiet machine only.
+## Shorter: make bench-soak SOAK="--minutes 30 --rate 1000" (python -m benchmarks.soak --help)
+.PHONY: bench-soak
+SOAK ?=
+bench-soak: setup
+	@$(PY) -m benchmarks.soak $(SOAK)
+
 ## bench-sweep: one stream setting changed per run (~40 min); results in benchmarks/results/sweep.{json,md}
 bench-sweep: setup
 	@$(PY) -m benchmarks.sweep

@@ -25,10 +25,10 @@ last commits (``DeltaTable.history(32)``), and :func:`maintenance_plan` (pure) d
 * **VACUUM** ``LITE`` (Delta reads the removed files from the log since the last VACUUM instead of listing
   the table's directory), a ``FULL`` one (listing, also removes files of writes that died before their
   commit) once a week (:data:`FULL_VACUUM_WEEKDAY`) or when ``LITE`` cannot run (the log since the last
-  VACUUM was cleaned up); none on a table whose last data commit was vacuumed at least the retention
-  later (every file it removed is gone; only VACUUM commits since), and no ``LITE`` one on a table created
-  less than the retention ago (no file it removed can be old enough yet: a new deployment's first week, the
-  local run's demo tables, vacuumed nothing and took most of the run's minutes).
+  VACUUM was cleaned up); no ``LITE`` one on a table whose last data commit was vacuumed at least the
+  retention later (every file it removed is gone; only VACUUM commits since), and none, ``FULL`` included, on
+  a table created less than the retention ago (no file in its folder can be old enough yet: a new
+  deployment's first week, the local run's demo tables, vacuumed nothing and took most of the run's minutes).
 
 **Retention keeps every count.** Raw rows older than ``archive_retention_days`` are *retired* before
 they are deleted: their counts go to ``retired_counts``, and every later recompute of their windows
@@ -151,11 +151,16 @@ def vacuum_mode(today: dt.date) -> str:
     return "FULL" if today.weekday() == FULL_VACUUM_WEEKDAY else "LITE"
 
 
+def younger_than(state: TableState, retain_hours: int, now_ms: int | None) -> bool:
+    """The table was created less than ``retain_hours`` before ``now_ms`` (False when either is unknown)."""
+    return state.created_ms is not None and now_ms is not None and now_ms - state.created_ms < retain_hours * 3_600_000
+
+
 def vacuum_needed(state: TableState, retain_hours: int, now_ms: int | None = None) -> bool:
     """False when every file the table's data commits removed was already eligible at a completed VACUUM
     (the newest data commit is at least ``retain_hours`` older than a VACUUM after it), or when the table was
     created less than ``retain_hours`` before ``now_ms`` (nothing it removed is old enough to go)."""
-    if state.created_ms is not None and now_ms is not None and now_ms - state.created_ms < retain_hours * 3_600_000:
+    if younger_than(state, retain_hours, now_ms):
         return False
     if state.last_data_commit_ms is None or state.last_vacuum_ms is None:
         return True
@@ -206,12 +211,13 @@ def maintenance_plan(
     mode = vacuum_mode(today)
     for spec in ALL_TABLES:
         skipped = None
-        if tables is not None and mode == "LITE" and not vacuum_needed(tables[spec.name], vacuum_retain_hours, now_ms):
-            created = tables[spec.name].created_ms
-            if created is not None and now_ms is not None and now_ms - created < vacuum_retain_hours * 3_600_000:
-                skipped = f"the table is younger than the {vacuum_retain_hours} hours retention: nothing it removed can go yet"
-            else:
-                skipped = f"no data commit since a VACUUM at least {vacuum_retain_hours} hours after the last one"
+        state = tables[spec.name] if tables is not None else None
+        if state is not None and younger_than(state, vacuum_retain_hours, now_ms):
+            # FULL too: every file in the table's folder was written after the table was created, so none is
+            # older than the retention yet (a local run started on a Sunday listed every folder for nothing).
+            skipped = f"the table is younger than the {vacuum_retain_hours} hours retention: nothing it removed can go yet"
+        elif state is not None and mode == "LITE" and not vacuum_needed(state, vacuum_retain_hours, now_ms):
+            skipped = f"no data commit since a VACUUM at least {vacuum_retain_hours} hours after the last one"
         steps.append(Step("vacuum", spec.name, retain_hours=vacuum_retain_hours, mode=mode, skipped=skipped))
     return steps
 
