@@ -264,6 +264,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs, tables, checkpoint)")
     p.add_argument("--output", type=Path, default=RESULTS, help="where soak.{json,md} go")
     p.add_argument("--no-save", action="store_true", help="print the report only")
+    p.add_argument("--analyse", type=Path, metavar="WORK_DIR",
+                   help="no run: the figures of a kept work folder (its tables, progress and samples)")
     args = p.parse_args(argv)
     args.minutes = args.minutes if args.minutes is not None else args.hours * 60
     if args.minutes <= 0 or args.rate <= 0 or args.bucket_minutes <= 0:
@@ -302,7 +304,7 @@ def recompute_runs(airflow) -> list[dict[str, Any]]:
             seconds = round((datetime.fromisoformat(end.replace("Z", "+00:00"))
                              - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds(), 1)
         out.append({"logical_date": r.get("logical_date"), "state": r["state"], "start": start, "end": end,
-                    "seconds": seconds})
+                    "seconds": seconds, "interval": [r.get("data_interval_start"), r.get("data_interval_end")]})
     return out
 
 
@@ -353,6 +355,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     args = parse_args(argv)
+    if args.analyse is not None:
+        return analyse_kept(args.analyse, args.no_save, args.output)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="kdq-soak-"))
     work.mkdir(parents=True, exist_ok=True)
 
@@ -421,6 +425,8 @@ def main(argv=None) -> int:
 
         # -- traffic at a fixed rate, sampled per bucket ------------------------------------------------------
         start_ms = int(time.time() * 1000)
+        samples: dict[str, Any] = {"start_ms": start_ms, "end_ms": start_ms + int(args.minutes * 60_000),
+                                   "bucket_minutes": args.bucket_minutes, "topics": topics}
         producer, sent_queue = workload.start_rate_producer(stack.kafka.bootstrap, topics, w, args.rate, args.minutes * 60)
         bucket = 0
         cpu_before, cpu_at = process_cpu(), time.monotonic()
@@ -441,6 +447,7 @@ def main(argv=None) -> int:
                 after = process_cpu()
                 cores[bucket] = cores_by_role(cpu_before, after, time.monotonic() - cpu_at, os.sysconf("SC_CLK_TCK"))
                 cpu_before, cpu_at, bucket = after, time.monotonic(), current
+                save_samples(work, {**samples, "cores": cores, "peak_rss": peak_rss})
             if time.monotonic() >= next_log:
                 progress = read_progress(config)
                 latest = max(progress, key=lambda p: p["batch_id"]) if progress else {}
@@ -452,6 +459,8 @@ def main(argv=None) -> int:
         end_ms = start_ms + int(args.minutes * 60_000)
         result["produced"] = {"sent": sent["sent"], "seconds": round(sent["seconds"], 1), "undelivered": sent["undelivered"],
                               "msgs_per_s": round(sent["sent"] / sent["seconds"])}
+        samples.update(cores=cores, peak_rss=peak_rss, sent=sent["sent"])
+        save_samples(work, samples)
         # -- drain, settle, stop -------------------------------------------------------------------------------
         ends = end_offsets(config, topics)
         drain_started = time.monotonic()
@@ -467,6 +476,7 @@ def main(argv=None) -> int:
         notes.append(settle_recompute(stack.airflow, timeout=1800))
         runs = recompute_runs(stack.airflow)
         result["recompute_runs"] = runs
+        save_samples(work, {**samples, "recompute_runs": runs})
         stack.airflow.stop(timeout=120)
         stop_stream(config, timeout=180)
         app_id = stream_app_id(config)
@@ -474,7 +484,12 @@ def main(argv=None) -> int:
         latencies, figures = read_latencies(config, topics, app_id)
         counted_before_final = figures["window_counts_total"]
         final = []
-        for hour in hours_between(datetime.fromtimestamp(start_ms / 1000, UTC) - timedelta(minutes=1), datetime.now(UTC)):
+        recomputed = {_iso_ms(r["interval"][0]) for r in runs
+                      if r["state"] == "success" and None not in r["interval"]
+                      and _iso_ms(r["interval"][1]) - _iso_ms(r["interval"][0]) == 3_600_000}
+        for hour in hours_between(datetime.fromtimestamp(start_ms / 1000, UTC), datetime.now(UTC)):
+            if int(hour.timestamp() * 1000) in recomputed:
+                continue  # the DAG's own run of this hour succeeded
             outcome = run_job(config, "batch_recompute",
                               [f"--start={hour.isoformat()}", f"--end={(hour + timedelta(hours=1)).isoformat()}",
                                f"--run-id=soak-{hour:%H}"], work / "batch_layer.log")
@@ -530,6 +545,45 @@ def main(argv=None) -> int:
     else:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
+
+
+SAMPLES = "soak_samples.json"
+
+
+def save_samples(work: Path, samples: Mapping[str, Any]) -> None:
+    """What only the live run can see (its start, the cores and RSS per bucket, the records sent, the recompute
+    runs), kept in the work folder so ``--analyse`` can redo the figures from a kept folder."""
+    (work / SAMPLES).write_text(json.dumps(samples, default=str))
+
+
+def analyse_kept(work: Path, no_save: bool, output: Path) -> int:
+    """The figures of a kept work folder (``--keep``, or a run that failed after its traffic): its progress records,
+    raw archive, Delta log and samples; no component needs to run."""
+    from kdq.config import load_config
+
+    config = load_config(path=work / "kdq.toml", env={})
+    samples = json.loads((work / SAMPLES).read_text())
+    cores = {int(k): v for k, v in (samples.get("cores") or {}).items()}
+    peak_rss = {int(k): int(v) for k, v in (samples.get("peak_rss") or {}).items()}
+    runs = samples.get("recompute_runs") or []
+    latencies, figures = read_latencies(config, samples["topics"], stream_app_id(config))
+    from benchmarks.speed import read_progress
+
+    bucket_ms = int(float(samples["bucket_minutes"]) * 60_000)
+    windows = [(_iso_ms(r["start"]), _iso_ms(r["end"]) or samples["end_ms"]) for r in runs if r.get("start")]
+    buckets = bucket_figures(read_progress(config), latencies, samples["start_ms"], samples["end_ms"], bucket_ms,
+                             [(a, z) for a, z in windows if a], cores, peak_rss)
+    result = {"command": f"python -m benchmarks.soak --analyse {work}", "started_at": samples.get("started_at"),
+              "work_dir": str(work), "buckets": buckets, "flatness": flatness(buckets, float(samples["bucket_minutes"])),
+              "recompute_runs": runs, "checks": {**figures, "records produced": samples.get("sent")}}
+    result["verdict"] = f"analysed from the kept folder; {result['flatness']['verdict']}"
+    md = markdown(result)
+    print(md)
+    if not no_save:
+        output.mkdir(parents=True, exist_ok=True)
+        (output / "soak.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        (output / "soak.md").write_text(md)
+    return 0
 
 
 def _processes():
