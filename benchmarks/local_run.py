@@ -452,7 +452,46 @@ def markdown(result: Mapping[str, Any]) -> str:
         + incident_section(result.get("incident"))
         + f"## Targets (issues 25 and 27)\n\n{checks}\n"
         "## The daily jobs (triggered at the start of the second phase)\n\n" + (jobs or "none triggered\n")
+        + maintenance_section(result.get("maintenance_steps"))
     )
+
+
+_MAINTENANCE_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO kdq\.maintenance: maintenance: ([^\"\n]*)")
+
+
+def maintenance_steps(log_texts: Sequence[str]) -> list[dict[str, Any]]:
+    """The maintenance job's steps as its task logs show them (the job logs each step as it begins), in order: the
+    step, whether the plan skipped it, and the seconds until the next step began (None for the last one, which
+    may still run): where a long maintenance run goes."""
+    begun: list[tuple[datetime, str]] = []
+    for text in log_texts:
+        for stamp, millis, step in _MAINTENANCE_LINE.findall(text):
+            at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(microsecond=int(millis) * 1000)
+            begun.append((at, step.strip()))
+    begun.sort(key=lambda b: b[0])
+    out = []
+    for i, (at, step) in enumerate(begun):
+        what, _, why = step.partition(" skipped: ")
+        following = begun[i + 1][0] if i + 1 < len(begun) else None
+        out.append({"step": what, "skipped": why or None, "at": at.strftime("%H:%M:%S"),
+                    "seconds": round((following - at).total_seconds(), 1) if following else None})
+    return out
+
+
+def maintenance_section(steps: Sequence[Mapping[str, Any]] | None) -> str:
+    if not steps:
+        return ""
+    ran = [s for s in steps if not s["skipped"]]
+    lines = [f"  * {s['at']} {s['step']}: " + (f"{s['seconds']} s" if s["seconds"] is not None else "until the end")
+             for s in ran]
+    return (f"\nThe maintenance's steps from its task log ({len(steps) - len(ran)} of {len(steps)} skipped by its "
+            "plan; each step's seconds until the next began):\n\n" + "\n".join(lines) + "\n")
+
+
+def maintenance_logs(config: Config) -> list[str]:
+    """The text of every kdq_maintenance task log of the local Airflow (its logs folder)."""
+    folder = config.data_dir / "airflow" / "logs"
+    return [path.read_text(errors="replace") for path in sorted(folder.glob("dag_id=kdq_maintenance/**/*.log"))]
 
 
 # -- probes ------------------------------------------------------------------------------------------------
@@ -991,6 +1030,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         follow_jobs(api, runs)
         job_tasks(api, runs)
+        result["maintenance_steps"] = maintenance_steps(maintenance_logs(config))
         if args.burst > 0:
             result["incident"] = measure_incident(stack, config, args.burst, t0)
             result["incident"]["evaluator"] = evaluation_figures(evaluator_logs(config))

@@ -139,7 +139,7 @@ def bucket_figures(
             "to_minute": round((hi - start_ms) / 60000, 1),
             "batches": len(b),
             "rows": int(sum(col("rows"))),
-            "rows_per_batch_p50": _p(col("rows"), 50, 0),
+            "rows_per_batch_p50": None if not b else int(_p(col("rows"), 50, 0)),
             "batch_s_p50": _p(col("batch_s"), 50),
             "batch_s_p99": _p(col("batch_s"), 99),
             "fixed_s_p50": _p(col("fixed_s"), 50),

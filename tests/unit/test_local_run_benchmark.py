@@ -261,3 +261,29 @@ def test_processes_are_counted_by_role_in_cores_over_the_phase(tmp_path) -> None
     assert cores_by_role(before, after, 10.0) == {"stream": 0.12, "batch jobs": 0.03, "kafka": 0.01}
     assert process_role("/v/bin/python -m kdq.cli --config k.toml demo") == "demo traffic"
     assert process_role("bash") == "other"
+
+
+def test_the_maintenance_steps_from_its_task_log() -> None:
+    """The maintenance job logs each step as it begins (inside Airflow's JSON task log): the steps in order, the
+    ones its plan skipped, and each step's seconds until the next began; the section lists those that ran."""
+    from benchmarks.local_run import maintenance_section, maintenance_steps
+
+    def line(stamp: str, step: str) -> str:
+        return ('{"timestamp":"x","event":"' + stamp + ' INFO kdq.maintenance: maintenance: ' + step
+                + '","logger":"airflow.task.hooks"}\n')
+
+    log = (line("2026-11-29 05:38:10,500", "OPTIMIZE raw_archive skipped: no closed partition has files added since it was compacted")
+           + line("2026-11-29 05:38:11,000", "VACUUM raw_archive FULL RETAIN 168 HOURS")
+           + "unrelated INFO kdq.maintenance: something else\n"
+           + line("2026-11-29 05:40:41,250", "VACUUM window_counts FULL RETAIN 168 HOURS"))
+    steps = maintenance_steps([log])
+    assert [(s["step"], s["skipped"], s["seconds"]) for s in steps] == [
+        ("OPTIMIZE raw_archive", "no closed partition has files added since it was compacted", 0.5),
+        ("VACUUM raw_archive FULL RETAIN 168 HOURS", None, 150.2),
+        ("VACUUM window_counts FULL RETAIN 168 HOURS", None, None),
+    ]
+    section = maintenance_section(steps)
+    assert "(1 of 3 skipped by its plan" in section
+    assert "  * 05:38:11 VACUUM raw_archive FULL RETAIN 168 HOURS: 150.2 s" in section
+    assert "  * 05:40:41 VACUUM window_counts FULL RETAIN 168 HOURS: until the end" in section
+    assert maintenance_steps([]) == [] and maintenance_section([]) == ""
