@@ -37,7 +37,6 @@ services (``chaos_logic``).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import random
 import shlex
@@ -55,6 +54,7 @@ from benchmarks.chaos_jobs import Jobs, airflow_runs, hours_between, run_job, se
 from benchmarks.chaos_readback import end_offsets, read_delta, read_influx, read_metrics, read_truth
 from benchmarks.chaos_setup import Clock, _iso_s, _now, _read_json, _wait, chaos_config, code_state, kill_orphans
 from benchmarks.chaos_traffic import Traffic
+from benchmarks.measure import write_results
 from benchmarks.signals import ignore_stop_signals, interrupt_on_stop_signals
 from benchmarks.speed import read_progress
 from kdq import writers_journal
@@ -375,11 +375,7 @@ def main(argv=None) -> int:
     md = cl.markdown({**result, "verdict": result.get("verdict", "?")}) if "parameters" in result else ""
     print(md)
     if not args.no_save:
-        args.output.mkdir(parents=True, exist_ok=True)
-        name = "chaos" if args.storage == "local" else f"chaos_{args.storage}"
-        (args.output / f"{name}.json").write_text(json.dumps(cl.as_jsonable(result), indent=1, default=str) + "\n")
-        (args.output / f"{name}.md").write_text(md)
-        print(f"written: {args.output}/{name}.json, {name}.md")
+        write_results(args.output, "chaos" if args.storage == "local" else f"chaos_{args.storage}", cl.as_jsonable(result), md)
     if args.keep or args.work_dir or not ok:
         print(f"work folder kept: {work} (events.jsonl, batch_layer.log, data/stream/stream.log, data/airflow/)")
     else:

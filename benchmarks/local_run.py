@@ -54,7 +54,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks.measure import percentile
+from benchmarks.measure import percentile, record_ms
 from benchmarks.speed import write_config
 from benchmarks.sql_endpoint import QUERY, BeelineSession, kdq_sql_timings
 from kdq.config import Config, load_config
@@ -234,17 +234,6 @@ def load_figures(loads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "cpu_busy_percent_max": _round(max(busy), 1) if busy else None,
         "n": len(load),
     }
-
-
-def record_ms(record: Mapping[str, Any]) -> int | None:
-    """A progress record's trigger time (Spark's ISO-8601 ``timestamp``), epoch millis."""
-    text = record.get("timestamp")
-    if not text:
-        return None
-    try:
-        return int(datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp() * 1000)
-    except ValueError:
-        return None
 
 
 def stream_figures(records: Sequence[Mapping[str, Any]], start_ms: int, end_ms: int) -> dict[str, Any]:

@@ -7,10 +7,11 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -48,6 +49,25 @@ def weighted_percentiles(pairs: Sequence[tuple[float, int]], qs: Sequence[float]
 
 def rate(count: float, seconds: float) -> float | None:
     return count / seconds if seconds > 0 else None
+
+
+def record_ms(record: Mapping[str, Any]) -> int | None:
+    """A progress record's trigger time (Spark's ISO-8601 ``timestamp``), epoch millis."""
+    text = record.get("timestamp")
+    if not text:
+        return None
+    try:
+        return int(datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return None
+
+
+def write_results(folder: Path, name: str, result: Mapping[str, Any], md: str) -> None:
+    """``<name>.json`` (the figures, first: a report that fails to render must not lose a run) and ``<name>.md``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (folder / f"{name}.md").write_text(md)
+    print(f"written: {folder}/{name}.json, {name}.md")
 
 
 def iso_ms(text: str) -> int:

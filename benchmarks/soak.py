@@ -45,7 +45,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks.measure import percentile, weighted_percentiles
+from benchmarks.measure import percentile, record_ms, weighted_percentiles, write_results
 
 log = logging.getLogger("kdq.soak")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -56,23 +56,12 @@ PER_RECORD_STEP = "classify_archive"  # the micro-batch step whose work grows wi
 # -- pure figures (unit-tested) ---------------------------------------------------------------------------
 
 
-def trigger_ms(record: Mapping[str, Any]) -> int | None:
-    """A progress record's trigger time (Spark's ISO-8601 ``timestamp``), epoch millis."""
-    text = record.get("timestamp")
-    if not text:
-        return None
-    try:
-        return int(datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp() * 1000)
-    except ValueError:
-        return None
-
-
 def counted_batches(progress: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The micro-batches with records, one record per batch id (a batch replayed after a restart: its last
     attempt), in batch order."""
     batches: dict[int, Mapping[str, Any]] = {}
     for record in progress:
-        if record.get("batch_id") is not None and record.get("input_rows") and trigger_ms(record) is not None:
+        if record.get("batch_id") is not None and record.get("input_rows") and record_ms(record) is not None:
             batches[int(record["batch_id"])] = record
     return [batches[b] for b in sorted(batches)]
 
@@ -116,7 +105,7 @@ def bucket_figures(
     count = max(1, -(-(end_ms - start_ms) // bucket_ms))
     batches: list[list[dict[str, float]]] = [[] for _ in range(count)]
     for record in counted_batches(progress):
-        at = trigger_ms(record)
+        at = record_ms(record)
         costs = batch_costs(record)
         if costs is not None and at is not None and start_ms <= at < end_ms:
             batches[(at - start_ms) // bucket_ms].append(costs)
@@ -536,10 +525,7 @@ def main(argv=None) -> int:
     md = markdown(result)
     print(md)
     if not args.no_save:
-        args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "soak.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-        (args.output / "soak.md").write_text(md)
-        print(f"written: {args.output}/soak.json, soak.md")
+        write_results(args.output, "soak", result, md)
     if args.keep or args.work_dir or not ok:
         print(f"work folder kept: {work} (data/stream/stream.log, batch_layer.log, data/airflow/)")
     else:
@@ -580,9 +566,7 @@ def analyse_kept(work: Path, no_save: bool, output: Path) -> int:
     md = markdown(result)
     print(md)
     if not no_save:
-        output.mkdir(parents=True, exist_ok=True)
-        (output / "soak.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-        (output / "soak.md").write_text(md)
+        write_results(output, "soak", result, md)
     return 0
 
 
