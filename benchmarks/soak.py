@@ -559,7 +559,17 @@ def analyse_kept(work: Path, no_save: bool, output: Path) -> int:
     windows = [(_iso_ms(r["start"]), _iso_ms(r["end"]) or samples["end_ms"]) for r in runs if r.get("start")]
     buckets = bucket_figures(read_progress(config), latencies, samples["start_ms"], samples["end_ms"], bucket_ms,
                              [(a, z) for a, z in windows if a], cores, peak_rss)
-    result = {"command": f"python -m benchmarks.soak --analyse {work}", "started_at": samples.get("started_at"),
+    from benchmarks.__main__ import machine_info
+    from benchmarks.chaos_setup import code_state
+
+    minutes = (samples["end_ms"] - samples["start_ms"]) / 60_000
+    started = datetime.fromtimestamp(samples["start_ms"] / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    result = {"command": f"python -m benchmarks.soak --analyse {work}", "started_at": samples.get("started_at", started),
+              "code": code_state(), "machine": machine_info(),
+              "parameters": {"minutes": round(minutes, 1), "topics": len(samples["topics"]),
+                             "rate": round(samples["sent"] / (minutes * 60)) if samples.get("sent") else "?",
+                             "bucket_minutes": samples["bucket_minutes"],
+                             "trigger_seconds": config.stream.trigger_interval_seconds},
               "work_dir": str(work), "buckets": buckets, "flatness": flatness(buckets, float(samples["bucket_minutes"])),
               "recompute_runs": runs, "checks": {**figures, "records produced": samples.get("sent")}}
     result["verdict"] = f"analysed from the kept folder; {result['flatness']['verdict']}"
