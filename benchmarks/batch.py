@@ -91,7 +91,7 @@ def _append(spark, config: Config, rows, version: int, with_counts: bool) -> Non
             F.current_timestamp().alias("updated_at"),
             F.lit("stream").alias("updated_by"),
             "rules_version",
-            F.to_date("window_start").alias("window_date"),
+            *transforms.window_partition_columns(F.unix_millis("window_start")),
         )
         counts.select(*WINDOW_COUNTS.column_names).write.format("delta").mode("append").save(table_path(config, WINDOW_COUNTS))
 

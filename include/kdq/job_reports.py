@@ -111,7 +111,8 @@ class RecomputeReport(JobReport):
     micro-batch ingested before the end had committed (null: no stream ledger); ``archive_total`` /
     ``scanned_late_rows`` / ``scanned_recompute``: files and bytes of the archive and of what the run read;
     ``push``: the metrics-topic and InfluxDB push (null with ``--skip-push``); ``summaries``: the streaming
-    summaries' part. ``ok`` is false when InfluxDB refused a push (recorded for the catch-up).
+    summaries' part; ``compacted``: the closed hours compacted afterwards, per table (kdq.spark.maintenance.
+    compact_closed_hours). ``ok`` is false when InfluxDB refused a push (recorded for the catch-up).
     """
 
     run_id: str = ""
@@ -127,6 +128,7 @@ class RecomputeReport(JobReport):
     changes: list[dict] = field(default_factory=list)
     push: dict[str, Any] | None = None
     summaries: SummariesRecomputeReport = field(default_factory=SummariesRecomputeReport)
+    compacted: dict[str, Any] = field(default_factory=dict)
 
     _parts: ClassVar[dict[str, type]] = {"summaries": SummariesRecomputeReport}
 

@@ -59,6 +59,16 @@ RAW_ARCHIVE = TableSpec(
     comment="Every consumed Kafka record exactly once (topic, partition, offset).",
 )
 
+# The tables the stream MERGEs into every micro-batch (window_counts, summaries), partitioned by the UTC date and
+# hour of window_start. Deletion vectors make a MERGE mark the rows it changes in the files that hold them and
+# write only the batch's rows, instead of rewriting every touched file: with one file per partition, each
+# micro-batch rewrote the whole day's counts so far, a cost that grew all day (benchmarks/PERF_NOTES.md, ninth
+# pass). New files then cover the batch's few seconds of windows, so data skipping on window_start keeps a
+# MERGE's reads to the last minute's files; the hour lets the batch layer compact closed hours during the day
+# (kdq.spark.maintenance.compact_closed_hours) without touching the files the stream reads.
+WINDOW_PARTITIONS = ("window_date", "window_hour")
+WINDOW_TABLE_PROPERTIES = (("delta.enableDeletionVectors", "true"),)
+
 # Table property of window_counts: the stream.window_seconds its windows were counted with (kdq.spark.tables).
 WINDOW_SECONDS_PROPERTY = "kdq.window_seconds"
 
@@ -74,8 +84,10 @@ WINDOW_COUNTS = TableSpec(
         ("updated_by", "STRING"),
         ("rules_version", "STRING"),
         ("window_date", "DATE"),
+        ("window_hour", "INT"),
     ),
-    partitioned_by=("window_date",),
+    partitioned_by=WINDOW_PARTITIONS,
+    properties=WINDOW_TABLE_PROPERTIES,
     comment="Absolute valid/invalid counts per (topic, window_start, status).",
 )
 
@@ -184,8 +196,10 @@ SUMMARIES = TableSpec(
         ("updated_at", "TIMESTAMP"),
         ("updated_by", "STRING"),
         ("window_date", "DATE"),
+        ("window_hour", "INT"),
     ),
-    partitioned_by=("window_date",),
+    partitioned_by=WINDOW_PARTITIONS,
+    properties=WINDOW_TABLE_PROPERTIES,
     comment="Per (summary, topic, window, group): count, sum, sum of squares, min, max, bucket histogram; statistics.",
 )
 

@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from kdq.spark.maintenance import TableState, compaction_where, maintenance_plan, vacuum_needed
+from kdq.spark.maintenance import (
+    TableState,
+    closed_hours_plan,
+    compaction_where,
+    first_open_hour,
+    maintenance_plan,
+    vacuum_needed,
+)
 from kdq.tables import ALL_TABLES
 from tests.conftest import make_config
 
@@ -32,12 +40,41 @@ def test_compaction_names_exactly_the_closed_partitions_with_new_files() -> None
     assert compaction_where("event_hour", set(), TODAY) == (None, ())
 
 
+def test_the_window_tables_are_compacted_by_date_and_hour() -> None:
+    """window_counts and summaries are partitioned by (window_date, window_hour): the plan keys them as one hour
+    value and names the pairs, per date."""
+    where, chosen = compaction_where("window_hour", {"2026-11-23-23", "2026-11-24-00", "2026-11-23-02", "2026-11-22-05"}, TODAY)
+    assert where == (
+        "(window_date = DATE'2026-11-22' AND window_hour IN (5)) OR (window_date = DATE'2026-11-23' AND window_hour IN (2, 23))"
+    )
+    assert chosen == ("2026-11-22-05", "2026-11-23-02", "2026-11-23-23")
+    assert compaction_where("window_hour", {"2026-11-24-03"}, "2026-11-24-04")[1] == ("2026-11-24-03",)  # an hour key
+    assert compaction_where("window_hour", {"2026-11-24-04"}, "2026-11-24-04") == (None, ())
+
+
+def test_closed_hours_of_today_are_compacted_once_past_the_longest_lateness() -> None:
+    """The hourly batch layer compacts today's hours whose windows the stream can no longer count in: the
+    longest allowed lateness (a summary's 30 minutes here) after the hour's end."""
+    config = SimpleNamespace(stream=SimpleNamespace(allowed_lateness_seconds=60),
+                             summaries=[SimpleNamespace(allowed_lateness_seconds=1800)])
+    now = int(dt.datetime(2026, 11, 24, 5, 20, tzinfo=dt.UTC).timestamp() * 1000)
+    assert first_open_hour(config, now) == "2026-11-24-04"  # 05:20 - 30 min = 04:50: hour 04 may still get records
+    hours = frozenset({"2026-11-24-02", "2026-11-24-03", "2026-11-24-04", "2026-11-24-05"})
+    tables = _tables(raw_archive=TableState(compactable=hours), window_counts=TableState(compactable=hours))
+    steps = {s.table: s for s in closed_hours_plan(config, tables, now)}
+    assert steps["raw_archive"].where == "event_hour IN ('2026-11-24-02', '2026-11-24-03')"
+    assert steps["window_counts"].where == "(window_date = DATE'2026-11-24' AND window_hour IN (2, 3))"
+    assert steps["summaries"].skipped == "no closed hour has files added since it was compacted"
+    assert {s.action for s in steps.values()} == {"optimize"}  # nothing else: no retention, no VACUUM
+
+
 def test_only_reformatted_dates_and_hours_reach_the_sql() -> None:
     """Partition values come from the log (data): anything that is not a date or an hour kdq writes is left
     out, never quoted into the predicate."""
     hostile = {"2026-11-20') OR (1=1", "x' OR '1'='1", "2026-11-2", "__HIVE_DEFAULT_PARTITION__", "2026-11-20-3"}
     assert compaction_where("event_hour", hostile | {"2026-11-20-03"}, TODAY)[0] == "event_hour IN ('2026-11-20-03')"
     assert compaction_where("window_date", hostile, TODAY) == (None, ())
+    assert compaction_where("window_hour", hostile, TODAY) == (None, ())
 
 
 def test_nothing_changed_plans_no_work(tmp_path: Path) -> None:
@@ -60,7 +97,7 @@ def test_a_change_plans_work_only_where_it_is(tmp_path: Path) -> None:
     tables = _tables(
         raw_archive=TableState(partitions=frozenset({"2026-10-01-07", "2026-11-23-05", "2026-11-24-01"}),
                                compactable=frozenset({"2026-11-23-05", "2026-11-24-01"})),
-        window_counts=TableState(compactable=frozenset({"2026-11-24"})),  # today's only: open
+        window_counts=TableState(compactable=frozenset({"2026-11-24-00"})),  # today's only: open
     )
     steps = {(s.action, s.table): s for s in maintenance_plan(config, TODAY, 30, tables=tables)}
     archive = steps[("optimize", "raw_archive")]
@@ -111,9 +148,9 @@ def test_a_weekly_full_vacuum_is_skipped_only_on_a_table_younger_than_the_retent
 @pytest.mark.parametrize("lateness_days", [2])
 def test_a_lateness_over_a_day_keeps_changed_partitions_open(tmp_path: Path, lateness_days: int) -> None:
     config = make_config(tmp_path, stream={"allowed_lateness_seconds": lateness_days * 86400})
-    tables = _tables(window_counts=TableState(compactable=frozenset({"2026-11-22", "2026-11-23"})))
+    tables = _tables(window_counts=TableState(compactable=frozenset({"2026-11-22-23", "2026-11-23-00"})))
     [step] = [s for s in maintenance_plan(config, TODAY, 30, tables=tables) if s.table == "window_counts" and s.action == "optimize"]
-    assert step.where == "window_date IN (DATE'2026-11-22')"
+    assert step.where == "(window_date = DATE'2026-11-22' AND window_hour IN (23))"
 
 
 def test_no_vacuum_of_a_table_younger_than_the_retention() -> None:

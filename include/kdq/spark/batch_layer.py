@@ -256,7 +256,7 @@ def _merge_absolute(spark: SparkSession, config: Config, changed: Sequence[dict]
         F.current_timestamp().alias("updated_at"),
         F.lit(BATCH).alias("updated_by"),
         "rules_version",
-        F.to_date(F.timestamp_millis("window_start_ms")).alias("window_date"),
+        *transforms.window_partition_columns("window_start_ms"),
     )
     stale = (
         f"raise_error(concat('{STALE_READ}: window_counts ', s.topic, ' ', CAST(s.window_start AS STRING), ' ', "

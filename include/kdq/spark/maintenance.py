@@ -118,6 +118,18 @@ def closed_before(config: Any, today: dt.date) -> dt.date:
     return today - dt.timedelta(days=max(lateness_days - 1, 0))
 
 
+# The partition key of the window tables (window_counts, summaries: kdq.tables.WINDOW_PARTITIONS) as this module
+# names it: their (window_date, window_hour) pair written as one "%Y-%m-%d-%H" value, like the archive's event_hour.
+WINDOW_HOUR = "window_hour"
+
+
+def partition_key_column(spec: Any) -> str:
+    """The one partition column the plan keys ``spec``'s partitions by (:data:`WINDOW_HOUR` for the pair)."""
+    from kdq.tables import WINDOW_PARTITIONS
+
+    return WINDOW_HOUR if tuple(spec.partitioned_by) == WINDOW_PARTITIONS else spec.partitioned_by[0]
+
+
 def _partition_literal(column: str, value: str) -> tuple[str, str] | None:
     """(sort key, SQL literal) of a partition value read from the log, or None when it is not one kdq writes
     (so nothing but a re-formatted date or hour reaches the SQL text)."""
@@ -125,26 +137,66 @@ def _partition_literal(column: str, value: str) -> tuple[str, str] | None:
         if column == "window_date":
             day = dt.date.fromisoformat(value)
             return f"{day:%Y-%m-%d}", f"DATE'{day:%Y-%m-%d}'"
-        if column == "event_hour" and _HOUR.fullmatch(value):
+        if column in ("event_hour", WINDOW_HOUR) and _HOUR.fullmatch(value):
             hour = dt.datetime.strptime(value, "%Y-%m-%d-%H")
-            return f"{hour:%Y-%m-%d-%H}", f"'{hour:%Y-%m-%d-%H}'"
+            return f"{hour:%Y-%m-%d-%H}", f"'{hour:%Y-%m-%d-%H}'" if column == "event_hour" else f"{hour.hour}"
     except (TypeError, ValueError):
         pass
     return None
 
 
-def _closed(column: str, key: str, open_from: dt.date) -> bool:
-    return key < (f"{open_from:%Y-%m-%d}" if column == "window_date" else f"{open_from:%Y-%m-%d}-00")
+def _open_key(column: str, open_from: dt.date | str) -> str:
+    """The first partition key still open to writes: ``open_from`` is a date (its first hour) or an hour key."""
+    if isinstance(open_from, str):
+        return open_from if column != "window_date" else open_from[:10]
+    return f"{open_from:%Y-%m-%d}" if column == "window_date" else f"{open_from:%Y-%m-%d}-00"
 
 
-def compaction_where(column: str, compactable: Iterable[str], open_from: dt.date) -> tuple[str | None, tuple[str, ...]]:
+def compaction_where(
+    column: str, compactable: Iterable[str], open_from: dt.date | str
+) -> tuple[str | None, tuple[str, ...]]:
     """The OPTIMIZE predicate naming exactly the closed ones of ``compactable`` (partition values of
-    ``column``), and those values, sorted; (None, ()) when there are none."""
+    ``column``; hour keys for :data:`WINDOW_HOUR`), and those values, sorted; (None, ()) when there are none.
+    ``open_from``: the first date, or hour key ("%Y-%m-%d-%H"), still open to writes."""
     parsed = sorted({p for value in compactable if (p := _partition_literal(column, value)) is not None})
-    chosen = [(key, literal) for key, literal in parsed if _closed(column, key, open_from)]
+    first_open = _open_key(column, open_from)
+    chosen = [(key, literal) for key, literal in parsed if key < first_open]
     if not chosen:
         return None, ()
-    return f"{column} IN ({', '.join(literal for _, literal in chosen)})", tuple(key for key, _ in chosen)
+    if column == WINDOW_HOUR:
+        by_date: dict[str, list[str]] = {}
+        for key, literal in chosen:
+            by_date.setdefault(key[:10], []).append(literal)
+        where = " OR ".join(
+            f"(window_date = DATE'{day}' AND window_hour IN ({', '.join(hours)}))" for day, hours in by_date.items()
+        )
+    else:
+        where = f"{column} IN ({', '.join(literal for _, literal in chosen)})"
+    return where, tuple(key for key, _ in chosen)
+
+
+def first_open_hour(config: Any, now_ms: int) -> str:
+    """The hour key ("%Y-%m-%d-%H") of the first hour whose windows may still get a record counted by the stream
+    (the longest allowed lateness, the stream's or a summary's, before ``now_ms``): earlier hours are closed."""
+    summaries = getattr(config, "summaries", None) or ()
+    lateness = max([int(config.stream.allowed_lateness_seconds), *(int(s.allowed_lateness_seconds) for s in summaries)])
+    return dt.datetime.fromtimestamp((now_ms - lateness * 1000) / 1000, tz=dt.UTC).strftime("%Y-%m-%d-%H")
+
+
+def closed_hours_plan(config: Any, tables: Mapping[str, TableState], now_ms: int) -> list[Step]:
+    """OPTIMIZE steps for the closed hours of today (and earlier) with files to compact, in the archive and the
+    window tables: run by the hourly batch layer (:func:`compact_closed_hours`) so that the stream's micro-batch
+    files do not pile up until the nightly maintenance (each live file costs every snapshot of the table, and
+    every reader of the day). An hour is closed once its last window is past the longest allowed lateness."""
+    from kdq.tables import RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
+
+    open_hour = first_open_hour(config, now_ms)
+    steps = []
+    for spec in (RAW_ARCHIVE, WINDOW_COUNTS, SUMMARIES):
+        where, chosen = compaction_where(partition_key_column(spec), tables[spec.name].compactable, open_hour)
+        skipped = None if where else "no closed hour has files added since it was compacted"
+        steps.append(Step("optimize", spec.name, where=where, partitions=chosen, skipped=skipped))
+    return steps
 
 
 def vacuum_mode(today: dt.date) -> str:
@@ -197,7 +249,7 @@ def maintenance_plan(
         if tables is None:
             steps.append(Step("optimize", spec.name, where=everything))
             continue
-        where, chosen = compaction_where(spec.partitioned_by[0], tables[spec.name].compactable, open_from)
+        where, chosen = compaction_where(partition_key_column(spec), tables[spec.name].compactable, open_from)
         skipped = None if where else "no closed partition has files added since it was compacted"
         steps.append(Step("optimize", spec.name, where=where, partitions=chosen, skipped=skipped))
     cutoff = min(today - dt.timedelta(days=archive_retention_days), open_from)
@@ -242,8 +294,13 @@ def table_state(spark: Any, config: Any, spec: Any, files: bool = True) -> Table
     if files and spec.partitioned_by:
         min_size = int(spark.conf.get("spark.databricks.delta.optimize.minFileSize", str(DEFAULT_MIN_FILE_SIZE)))
         snapshot_files = DataFrame(delta_snapshot(spark, path).allFiles().toDF(), spark)
+        values = F.col("partitionValues")
+        key = (
+            F.concat(values["window_date"], F.lit("-"), F.lpad(values["window_hour"], 2, "0"))
+            if partition_key_column(spec) == WINDOW_HOUR else values[spec.partitioned_by[0]]
+        )
         rows = (
-            snapshot_files.groupBy(F.col("partitionValues")[spec.partitioned_by[0]].alias("value"))
+            snapshot_files.groupBy(key.alias("value"))
             .agg(F.sum(F.when(F.col("size") < min_size, 1).otherwise(0)).alias("small"))
             .collect()
         )
@@ -327,6 +384,32 @@ def run_step(spark: Any, config: Any, step: Step) -> Any:
         )
         return {"skipped": "stream behind the retirement instant"}
     return retire_and_delete(spark, config, step.cutoff, step.retire_before_ms)
+
+
+def compact_closed_hours(spark: Any, config: Any, now_ms: int | None = None) -> dict[str, Any]:
+    """Compact the closed hours (:func:`closed_hours_plan`) of the archive and the window tables that have
+    files added since they were last compacted; returns what each table's step did, or why not. A step that
+    still conflicts after its retries with another writer of the same hour (a rebuild, a recompute) is
+    reported and left to the next run: compaction changes no data, so nothing waits on it."""
+    from kdq.spark.writers import retry_on_conflict
+    from kdq.tables import RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
+
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    tables = {spec.name: table_state(spark, config, spec) for spec in (RAW_ARCHIVE, WINDOW_COUNTS, SUMMARIES)}
+    results: dict[str, Any] = {}
+    for step in closed_hours_plan(config, tables, now):
+        if step.skipped:
+            results[step.table] = {"skipped": step.skipped}
+            continue
+        log.info("compaction of closed hours: %s", step.describe())
+        started = time.monotonic()
+        try:
+            result = retry_on_conflict(lambda step=step: run_step(spark, config, step), step.describe())
+        except Exception as exc:  # py4j: Delta's conflicts arrive as generic errors
+            log.warning("compaction of closed hours: %s failed, left to the next run: %s", step.describe(), str(exc)[:300])
+            result = {"error": str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}
+        results[step.table] = {**result, "seconds": round(time.monotonic() - started, 1)}
+    return results
 
 
 def run_maintenance(

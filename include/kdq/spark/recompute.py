@@ -25,6 +25,7 @@ from kdq.config import Config
 from kdq.intervals import iso
 from kdq.job_reports import PushReport, RecomputeReport
 from kdq.spark import batch_layer as bl
+from kdq.spark.maintenance import compact_closed_hours
 from kdq.spark.outputs import push_corrections
 from kdq.spark.recount import archive_rows_of, awaiting_recompute, late_windows, recompute_counts
 from kdq.spark.retention import read_retired
@@ -161,6 +162,9 @@ def recompute_interval(
         error = (report.summaries.push or {}).get("influx_error", "summary push failed")
         InfluxPushState(config).record_failure(started_ms, error)
         report.ok = False
+    # The stream leaves a file per micro-batch in each hour it counts; compacting the closed ones every hour keeps
+    # the tables' snapshots and the readers of the day small (the nightly maintenance does only closed days).
+    report.compacted = compact_closed_hours(spark, config)
     return report
 
 

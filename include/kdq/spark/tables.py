@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
 from kdq.config import Config, ConfigError
 from kdq.storage import table_location
-from kdq.tables import ALL_TABLES, VIEWS, WINDOW_COUNTS, WINDOW_SECONDS_PROPERTY, TableSpec
+from kdq.tables import ALL_TABLES, VIEWS, WINDOW_COUNTS, WINDOW_PARTITIONS, WINDOW_SECONDS_PROPERTY, TableSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger("kdq.tables")
 
 
 def table_path(config: Config, spec: TableSpec) -> str:
@@ -43,7 +46,8 @@ def _create_by_path(spark: SparkSession, spec: TableSpec, path: str, config: Con
 # What a creation racing another process's creation of the same table fails with: a commit conflict,
 # the table registered meanwhile, or (seen in the chaos run) the location holding the other process's
 # first files before its first log entry is visible.
-_CREATION_RACES = ("Concurrent", "already exists", "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION")
+_CREATION_RACES = ("Concurrent", "already exists", "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "DELTA_METADATA_CHANGED",
+                   "DELTA_PROTOCOL_CHANGED")
 
 
 def _retrying(action, attempts: int = 5) -> None:
@@ -69,7 +73,42 @@ def ensure_tables(spark: SparkSession, config: Config) -> None:
         path = table_path(config, spec)
         if not DeltaTable.isDeltaTable(spark, path):
             _retrying(lambda spec=spec, path=path: _create_by_path(spark, spec, path, config))
+        elif spec.partitioned_by == WINDOW_PARTITIONS:
+            _retrying(lambda spec=spec: ensure_window_layout(spark, config, spec))
     check_window_seconds(spark, config)
+
+
+def ensure_window_layout(spark: SparkSession, config: Config, spec: TableSpec) -> None:
+    """Bring a ``window_counts`` or ``summaries`` table of an earlier kdq to today's layout, once: partitioned by
+    (window_date, window_hour) with deletion vectors (:data:`kdq.tables.WINDOW_PARTITIONS`).
+
+    Delta cannot re-partition in place, so the table is rewritten by one overwrite of itself (its history,
+    properties and idempotent-write versions stay in its log; readers see the old or the new files, never a
+    mix). A writer committing meanwhile makes the overwrite fail with a conflict, and it is tried again
+    (:func:`_retrying`); one that starts on the old layout fails its commit instead of writing a stale one."""
+    from delta.tables import DeltaTable
+
+    from kdq.spark.transforms import window_partition_columns
+
+    path = table_path(config, spec)
+    detail = DeltaTable.forPath(spark, path).detail().select("partitionColumns", "properties").first()
+    if tuple(detail["partitionColumns"]) != spec.partitioned_by:
+        log.warning("%s at %s is partitioned by %s: rewriting it once, partitioned by %s",
+                    spec.name, path, list(detail["partitionColumns"]), list(spec.partitioned_by))
+        from pyspark.sql import functions as F
+
+        current = spark.read.format("delta").load(path)
+        hour = window_partition_columns(F.unix_millis("window_start"))[1]
+        rewritten = current.select(*[c for c in current.columns if c != "window_hour"], hour).select(*spec.column_names)
+        (
+            rewritten.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+            .partitionBy(*spec.partitioned_by).save(path)
+        )
+    properties = detail["properties"] or {}
+    missing = [(key, value) for key, value in spec.properties if properties.get(key) != value]
+    if missing:
+        settings = ", ".join(f"'{key}' = '{value}'" for key, value in missing)  # constants of kdq.tables
+        spark.sql(f"ALTER TABLE {_delta_path_identifier(path)} SET TBLPROPERTIES ({settings})")
 
 
 def _delta_path_identifier(path: str) -> str:

@@ -38,6 +38,16 @@ PATTERN_BUDGET_PREFIX = "pattern_budget:"
 MIN_EVENT_MS = 0
 MAX_EVENT_MS = 253_402_300_799_999
 
+def window_partition_columns(window_start_ms: Column | str) -> list[Column]:
+    """``window_date`` and ``window_hour`` (UTC, whatever the session's time zone) of windows starting at
+    ``window_start_ms`` (epoch millis): the partition columns of window_counts and summaries (kdq.tables)."""
+    ms = F.col(window_start_ms) if isinstance(window_start_ms, str) else window_start_ms
+    return [
+        F.date_from_unix_date(F.floor(ms / 86_400_000).cast("int")).alias("window_date"),
+        (F.floor(ms / 3_600_000) % 24).cast("int").alias("window_hour"),
+    ]
+
+
 # Columns of the classified frame (and of the raw archive, minus the write-time ones).
 CLASSIFIED_COLUMNS = (
     "topic",

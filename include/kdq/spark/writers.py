@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from kdq.config import Config
 from kdq.spark.tables import table_path
-from kdq.spark.transforms import reason_differences
+from kdq.spark.transforms import reason_differences, window_partition_columns
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS, TableSpec
 from kdq.writers_journal import WAITS
@@ -64,7 +64,11 @@ def is_conflict(exc: Exception) -> bool:
     """A Delta optimistic-concurrency conflict (another writer committed to the same files first), or a
     compare-and-set that found the stored value changed since it was read (:data:`STALE_READ`)."""
     text = f"{type(exc).__name__} {exc}"
-    return "Concurrent" in text or "DELTA_CONCURRENT" in text or STALE_READ in text
+    return (
+        "Concurrent" in text or "DELTA_CONCURRENT" in text or STALE_READ in text
+        # a table's layout or properties brought up to date by another job's start (kdq.spark.tables)
+        or "DELTA_METADATA_CHANGED" in text or "DELTA_PROTOCOL_CHANGED" in text
+    )
 
 
 def retry_on_conflict(
@@ -137,7 +141,7 @@ def merge_window_increments(
         F.current_timestamp().alias("updated_at"),
         F.lit(updated_by).alias("updated_by"),
         "rules_version",
-        F.to_date(F.timestamp_millis("window_start_ms")).alias("window_date"),
+        *window_partition_columns("window_start_ms"),
     )
     lo = min(int(r["window_start_ms"]) for r in rows)
     hi = max(int(r["window_start_ms"]) for r in rows)

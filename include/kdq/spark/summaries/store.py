@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from kdq.config import Config, SummaryConfig
 from kdq.spark.summaries.transforms import key_of, state_entry
 from kdq.spark.tables import table_path
+from kdq.spark.transforms import window_partition_columns
 from kdq.spark.writers import idempotent_write, retry_on_conflict
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.summaries import SummaryLimitError, SummaryState, percentile_fraction, percentile_name, precision_label
@@ -97,7 +98,7 @@ def _source(spark: SparkSession, config: Config, rows: Sequence[Mapping], update
         "precision",
         F.current_timestamp().alias("updated_at"),
         F.lit(updated_by).alias("updated_by"),
-        F.to_date(F.timestamp_millis("window_start_ms")).alias("window_date"),
+        *window_partition_columns("window_start_ms"),
         "pct_names",
         "pct_num",
         "pct_den",
@@ -170,7 +171,7 @@ def merge_absolute(
     source = _source(spark, config, rows, updated_by).withColumn(
         "__empty", (F.col("count") == 0) & (F.size("rejected") == 0)
     )
-    update = {name: f"s.`{name}`" for name in SUMMARIES.column_names if name not in ("summary", "topic", "window_start", "group_key", "window_date")}
+    update = {name: f"s.`{name}`" for name in SUMMARIES.column_names if name not in ("summary", "topic", "window_start", "group_key", "window_date", "window_hour")}
     target = DeltaTable.forPath(spark, table_path(config, SUMMARIES)).alias("t")
     with idempotent_write(spark, app_id, version):
         (

@@ -1,0 +1,114 @@
+"""window_counts and summaries: hour partitions with deletion vectors, so the stream's MERGE costs what it touches.
+
+On real Delta tables: a MERGE of a few windows into a table holding many copies none of the rows it does not
+change (deletion vectors, not a rewrite of the touched file); a table of the earlier layout (one partition per
+day, no deletion vectors) is rewritten once, keeping its rows, its table properties and the idempotent-write
+versions of its writers; the hourly batch layer's compaction makes each closed hour one file and leaves open
+hours alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
+
+from kdq.spark.maintenance import compact_closed_hours
+from kdq.spark.tables import ensure_tables, table_path
+from kdq.spark.writers import merge_window_increments, txn_version
+from kdq.tables import SUMMARIES, WINDOW_COUNTS, WINDOW_PARTITIONS, WINDOW_SECONDS_PROPERTY
+from tests.conftest import make_config
+
+DAY_MS = int(dt.datetime(2026, 11, 24, tzinfo=dt.UTC).timestamp() * 1000)
+HOUR_MS = 3_600_000
+
+
+def _config(tmp_path):
+    return make_config(tmp_path, spark={"master": "local[2]", "shuffle_partitions": 2})
+
+
+def _rows(start_ms: int, seconds: int, count: int = 1) -> list[dict]:
+    return [{"topic": topic, "window_start_ms": start_ms + s * 1000, "status": "valid", "count": count,
+             "rules_version": "r1"} for s in range(seconds) for topic in ("a", "b")]
+
+
+def _table(spark, config):
+    return DeltaTable.forPath(spark, table_path(config, WINDOW_COUNTS))
+
+
+def _counts(spark, config) -> dict:
+    frame = spark.read.format("delta").load(table_path(config, WINDOW_COUNTS))
+    return {(r["topic"], r["ms"], r["window_date"], r["window_hour"]): r["count"] for r in frame.select(
+        "topic", F.unix_millis("window_start").alias("ms"), "window_date", "window_hour", "count").collect()}
+
+
+def test_a_merge_marks_changed_rows_instead_of_rewriting_the_day(spark, tmp_path) -> None:
+    config = _config(tmp_path)
+    ensure_tables(spark, config)
+    detail = _table(spark, config).detail().first()
+    assert tuple(detail["partitionColumns"]) == WINDOW_PARTITIONS
+    assert detail["properties"]["delta.enableDeletionVectors"] == "true"
+
+    merge_window_increments(spark, _rows(DAY_MS + 9 * HOUR_MS, 600), config, "layout", 1)  # 1,200 rows, one file
+    merge_window_increments(spark, _rows(DAY_MS + 9 * HOUR_MS + 599_000, 3, count=2), config, "layout", 2)
+    metrics = _table(spark, config).history(1).first()["operationMetrics"]
+    # Two windows of the 1,200 rows' file changed (a and b at the last second), two new ones inserted: nothing
+    # else is copied; the changed rows are marked deleted in the old file by a deletion vector.
+    assert metrics["numTargetRowsUpdated"] == "2" and metrics["numTargetRowsInserted"] == "4"
+    assert metrics["numTargetRowsCopied"] == "0", metrics
+    assert int(metrics["numTargetDeletionVectorsAdded"]) >= 1, metrics
+    counts = _counts(spark, config)
+    assert len(counts) == 1_204 and sum(counts.values()) == 1_200 + 12
+    assert counts[("a", DAY_MS + 9 * HOUR_MS + 599_000, dt.date(2026, 11, 24), 9)] == 3
+
+
+def test_a_table_of_the_earlier_layout_is_rewritten_once_keeping_everything(spark, tmp_path) -> None:
+    config = _config(tmp_path)
+    path = table_path(config, WINDOW_COUNTS)
+    columns = [c for c in WINDOW_COUNTS.columns if c[0] != "window_hour"]
+    (DeltaTable.create(spark).location(path).addColumns(
+        spark.createDataFrame([], ", ".join(f"{n} {t}" for n, t in columns)).schema)
+        .partitionedBy("window_date").property(WINDOW_SECONDS_PROPERTY, "1").execute())
+    rows = [("a", DAY_MS + h * HOUR_MS + 5_000, "valid", 7 + h) for h in (0, 13, 23)]
+    source = spark.createDataFrame(rows, "topic STRING, ms BIGINT, status STRING, count BIGINT").select(
+        "topic", F.timestamp_millis("ms").alias("window_start"), F.timestamp_millis(F.col("ms") + 1000).alias("window_end"),
+        "status", "count", F.current_timestamp().alias("updated_at"), F.lit("stream").alias("updated_by"),
+        F.lit("r1").alias("rules_version"), F.to_date(F.timestamp_millis("ms")).alias("window_date"))
+    source.write.format("delta").mode("append").option("txnAppId", "old-stream").option("txnVersion", 41).save(path)
+
+    ensure_tables(spark, config)
+    detail = _table(spark, config).detail().first()
+    assert tuple(detail["partitionColumns"]) == WINDOW_PARTITIONS
+    assert detail["properties"]["delta.enableDeletionVectors"] == "true"
+    assert detail["properties"][WINDOW_SECONDS_PROPERTY] == "1"
+    assert txn_version(spark, path, "old-stream") == 41  # a replayed batch of the old stream is still skipped
+    assert _counts(spark, config) == {("a", DAY_MS + h * HOUR_MS + 5_000, dt.date(2026, 11, 24), h): 7 + h
+                                      for h in (0, 13, 23)}
+    versions = _table(spark, config).history().count()
+    ensure_tables(spark, config)  # once: the next start finds the layout and leaves the table alone
+    assert _table(spark, config).history().count() == versions
+    summaries = DeltaTable.forPath(spark, table_path(config, SUMMARIES)).detail().first()
+    assert tuple(summaries["partitionColumns"]) == WINDOW_PARTITIONS
+
+
+def test_closed_hours_are_compacted_and_open_ones_left_to_the_stream(spark, tmp_path) -> None:
+    config = _config(tmp_path)
+    ensure_tables(spark, config)
+    for version, hour in enumerate((2, 2, 2, 3, 3, 5, 5), start=1):
+        merge_window_increments(spark, _rows(DAY_MS + hour * HOUR_MS + version * 10_000, 5), config, "hours", version)
+    before = _counts(spark, config)
+    now = DAY_MS + 5 * HOUR_MS + 20 * 60_000  # 05:20: hour 05, and 04 within the summaries' 30 min lateness, open
+
+    result = compact_closed_hours(spark, config, now_ms=now)
+    assert result["window_counts"]["partitions"] == ["2026-11-24-02", "2026-11-24-03"], result
+    assert result["window_counts"]["files_added"] == 2 and result["window_counts"]["files_removed"] >= 5
+    assert result["summaries"] == {"skipped": "no closed hour has files added since it was compacted"}
+    files = {}
+    for name in spark.read.format("delta").load(table_path(config, WINDOW_COUNTS)).inputFiles():
+        hour = int(name.split("window_hour=")[1].split("/")[0])
+        files[hour] = files.get(hour, 0) + 1
+    assert files[2] == files[3] == 1 and files[5] >= 2, files
+    assert _counts(spark, config) == before
+    again = compact_closed_hours(spark, config, now_ms=now)
+    assert again["window_counts"] == {"skipped": "no closed hour has files added since it was compacted"}
