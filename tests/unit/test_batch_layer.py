@@ -13,6 +13,7 @@ from kdq.spark import recount
 from kdq.spark.push_reads import counts_version, read_windows_at
 from kdq.spark.recompute import scan_stats, table_totals
 from kdq.spark.tables import ensure_tables, table_path
+from kdq.spark.transforms import window_partition_columns
 from kdq.spark.writers import txn_version
 from kdq.tables import CORRECTIONS, RAW_ARCHIVE, WINDOW_COUNTS
 from tests.conftest import make_config
@@ -72,7 +73,7 @@ def _insert_counts(spark, config, rows: list[tuple]) -> None:
         F.current_timestamp().alias("updated_at"),
         F.lit("stream").alias("updated_by"),
         F.lit("v1").alias("rules_version"),
-        F.to_date(F.timestamp_millis("w")).alias("window_date"),
+        *window_partition_columns("w"),
     ).write.format("delta").mode("append").save(table_path(config, WINDOW_COUNTS))
 
 

@@ -52,20 +52,26 @@ def test_the_window_tables_are_compacted_by_date_and_hour() -> None:
     assert compaction_where("window_hour", {"2026-11-24-04"}, "2026-11-24-04") == (None, ())
 
 
-def test_closed_hours_of_today_are_compacted_once_past_the_longest_lateness() -> None:
+def test_closed_hours_of_today_are_compacted_once_past_their_lateness() -> None:
     """The hourly batch layer compacts today's hours whose windows the stream can no longer count in: the
-    longest allowed lateness (a summary's 30 minutes here) after the hour's end."""
+    counts' allowed lateness (a minute) after the hour's end in the archive and window_counts, the summaries'
+    (30 minutes here) in summaries."""
     config = SimpleNamespace(stream=SimpleNamespace(allowed_lateness_seconds=60),
                              summaries=[SimpleNamespace(allowed_lateness_seconds=1800)])
     now = int(dt.datetime(2026, 11, 24, 5, 20, tzinfo=dt.UTC).timestamp() * 1000)
-    assert first_open_hour(config, now) == "2026-11-24-04"  # 05:20 - 30 min = 04:50: hour 04 may still get records
+    assert first_open_hour(1800, now) == "2026-11-24-04"  # 05:20 - 30 min = 04:50: hour 04 may still get records
+    assert first_open_hour(60, now) == "2026-11-24-05"
     hours = frozenset({"2026-11-24-02", "2026-11-24-03", "2026-11-24-04", "2026-11-24-05"})
-    tables = _tables(raw_archive=TableState(compactable=hours), window_counts=TableState(compactable=hours))
+    tables = _tables(raw_archive=TableState(compactable=hours), window_counts=TableState(compactable=hours),
+                     summaries=TableState(compactable=hours))
     steps = {s.table: s for s in closed_hours_plan(config, tables, now)}
-    assert steps["raw_archive"].where == "event_hour IN ('2026-11-24-02', '2026-11-24-03')"
-    assert steps["window_counts"].where == "(window_date = DATE'2026-11-24' AND window_hour IN (2, 3))"
-    assert steps["summaries"].skipped == "no closed hour has files added since it was compacted"
+    assert steps["raw_archive"].where == "event_hour IN ('2026-11-24-02', '2026-11-24-03', '2026-11-24-04')"
+    assert steps["window_counts"].where == "(window_date = DATE'2026-11-24' AND window_hour IN (2, 3, 4))"
+    assert steps["summaries"].where == "(window_date = DATE'2026-11-24' AND window_hour IN (2, 3))"
     assert {s.action for s in steps.values()} == {"optimize"}  # nothing else: no retention, no VACUUM
+    tables = _tables(window_counts=TableState(compactable=frozenset({"2026-11-24-05"})))
+    assert all(s.skipped == "no closed hour has files added since it was compacted"
+               for s in closed_hours_plan(config, tables, now))
 
 
 def test_only_reformatted_dates_and_hours_reach_the_sql() -> None:

@@ -98,7 +98,7 @@ def test_closed_hours_are_compacted_and_open_ones_left_to_the_stream(spark, tmp_
     for version, hour in enumerate((2, 2, 2, 3, 3, 5, 5), start=1):
         merge_window_increments(spark, _rows(DAY_MS + hour * HOUR_MS + version * 10_000, 5), config, "hours", version)
     before = _counts(spark, config)
-    now = DAY_MS + 5 * HOUR_MS + 20 * 60_000  # 05:20: hour 05, and 04 within the summaries' 30 min lateness, open
+    now = DAY_MS + 5 * HOUR_MS + 20 * 60_000  # 05:20: hour 05 open (and 04 for the summaries: 30 min lateness)
 
     result = compact_closed_hours(spark, config, now_ms=now)
     assert result["window_counts"]["partitions"] == ["2026-11-24-02", "2026-11-24-03"], result

@@ -175,24 +175,28 @@ def compaction_where(
     return where, tuple(key for key, _ in chosen)
 
 
-def first_open_hour(config: Any, now_ms: int) -> str:
+def first_open_hour(lateness_seconds: int, now_ms: int) -> str:
     """The hour key ("%Y-%m-%d-%H") of the first hour whose windows may still get a record counted by the stream
-    (the longest allowed lateness, the stream's or a summary's, before ``now_ms``): earlier hours are closed."""
-    summaries = getattr(config, "summaries", None) or ()
-    lateness = max([int(config.stream.allowed_lateness_seconds), *(int(s.allowed_lateness_seconds) for s in summaries)])
-    return dt.datetime.fromtimestamp((now_ms - lateness * 1000) / 1000, tz=dt.UTC).strftime("%Y-%m-%d-%H")
+    with this allowed lateness at ``now_ms``: earlier hours are closed."""
+    return dt.datetime.fromtimestamp((now_ms - lateness_seconds * 1000) / 1000, tz=dt.UTC).strftime("%Y-%m-%d-%H")
 
 
 def closed_hours_plan(config: Any, tables: Mapping[str, TableState], now_ms: int) -> list[Step]:
     """OPTIMIZE steps for the closed hours of today (and earlier) with files to compact, in the archive and the
     window tables: run by the hourly batch layer (:func:`compact_closed_hours`) so that the stream's micro-batch
     files do not pile up until the nightly maintenance (each live file costs every snapshot of the table, and
-    every reader of the day). An hour is closed once its last window is past the longest allowed lateness."""
+    every reader of the day). An hour is closed once its last window is past the allowed lateness of what
+    the stream writes there: the counts' (``stream.allowed_lateness_seconds``) in the archive and
+    ``window_counts``, the longest summary's in ``summaries``. The stream's archive appends never conflict with
+    a compaction; the batch layer's late corrections into a compacted hour are compacted by a later run."""
     from kdq.tables import RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
-    open_hour = first_open_hour(config, now_ms)
+    counts_lateness = int(config.stream.allowed_lateness_seconds)
+    summaries = getattr(config, "summaries", None) or ()
+    summaries_lateness = max([counts_lateness, *(int(s.allowed_lateness_seconds) for s in summaries)])
     steps = []
-    for spec in (RAW_ARCHIVE, WINDOW_COUNTS, SUMMARIES):
+    for spec, lateness in ((RAW_ARCHIVE, counts_lateness), (WINDOW_COUNTS, counts_lateness), (SUMMARIES, summaries_lateness)):
+        open_hour = first_open_hour(lateness, now_ms)
         where, chosen = compaction_where(partition_key_column(spec), tables[spec.name].compactable, open_hour)
         skipped = None if where else "no closed hour has files added since it was compacted"
         steps.append(Step("optimize", spec.name, where=where, partitions=chosen, skipped=skipped))
