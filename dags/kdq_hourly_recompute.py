@@ -4,8 +4,8 @@
 The batch layer for one hour of **ingest time**, the run's data interval `[logical date, +1 h)`:
 
 1. `recompute`: `spark_jobs/batch_recompute.py --skip-push` counts the interval's late and uncounted
-   records and MERGEs the differences into `window_counts` (one `corrections` row each). Emits the
-   `kdq://window_counts` Asset.
+   records and MERGEs the differences into `window_counts` (one `corrections` row each), then
+   (`--compact-closed-hours`) compacts the closed hours of the day's tables. Emits the `kdq://window_counts` Asset.
 2. `push_corrections`: `spark_jobs/push_corrections.py` sends the current absolute count of every window
    the interval's corrections touched to the metrics topic and InfluxDB (a failed InfluxDB write is
    recorded for the catch-up and fails the task; a retry pushes again, harmlessly). Succeeds without a
@@ -57,7 +57,7 @@ with DAG(
     recompute = KdqSparkJobOperator(
         task_id="recompute",
         job="batch_recompute",
-        job_args=[*INTERVAL, "--run-id={{ run_id }}", "--skip-push"],
+        job_args=[*INTERVAL, "--run-id={{ run_id }}", "--skip-push", "--compact-closed-hours"],
         outlets=[WINDOW_COUNTS],
     )
     push = PushCorrectionsOperator(task_id="push_corrections", job_args=INTERVAL)

@@ -34,6 +34,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reason", default="late_data", help="why, recorded with every correction")
     parser.add_argument("--skip-push", action="store_true", help="correct Delta only; no metrics topic, no InfluxDB")
     parser.add_argument(
+        "--compact-closed-hours", action="store_true",
+        help="then compact today's closed hours of raw_archive, window_counts and summaries (the hourly DAG's run)",
+    )
+    parser.add_argument(
         "--allow-stream-behind", action="store_true",
         help="recompute even when the speed layer has not committed every micro-batch ingested before --end",
     )
@@ -53,6 +57,7 @@ def run(spark, config: Config, args: argparse.Namespace) -> RecomputeReport:
         reason=getattr(args, "reason", None) or "late_data",
         push=not getattr(args, "skip_push", False),
         allow_stream_behind=getattr(args, "allow_stream_behind", False),
+        compact=getattr(args, "compact_closed_hours", False),
     )
 
 

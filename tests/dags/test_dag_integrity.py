@@ -155,6 +155,7 @@ def test_hourly_recompute_is_interval_driven_and_emits_the_asset(parsed: dict) -
     assert tasks["recompute"]["outlets"] == ["kdq://window_counts/"]
     assert "job_args" in tasks["recompute"]["template_fields"]
     assert "--skip-push" in tasks["recompute"]["job_args"]  # the push is its own task
+    assert "--compact-closed-hours" in tasks["recompute"]["job_args"]  # the stream's files of closed hours, hourly
     interval = ["--start={{ data_interval_start }}", "--end={{ data_interval_end }}"]
     assert tasks["push_corrections"]["job_args"] == interval
     assert (tasks["push_corrections"]["type"], tasks["influx_catch_up"]["type"]) == (

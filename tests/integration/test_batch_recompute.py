@@ -81,7 +81,8 @@ def test_hourly_recompute_corrects_late_windows_everywhere_once(spark, local_sta
     # A count the archive does not support (e.g. written under an older rule): the batch must bring it to 0.
     spark.sql(
         f"INSERT INTO delta.`{config.tables_dir / 'window_counts'}` VALUES ('{topic}', timestamp_millis({W2}), "
-        f"timestamp_millis({W2 + 1000}), 'invalid', 3, current_timestamp(), 'stream', 'v0', to_date(timestamp_millis({W2})))"
+        f"timestamp_millis({W2 + 1000}), 'invalid', 3, current_timestamp(), 'stream', 'v0', to_date(timestamp_millis({W2})), "
+        f"hour(timestamp_millis({W2})))"
     )
 
     # An interval before the late records: nothing to do (on-time records are not recomputed).

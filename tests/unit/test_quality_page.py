@@ -321,7 +321,8 @@ def test_page_sql_on_delta_tables(spark, spark_config) -> None:
     spark.sql(
         f"INSERT INTO {db}.window_counts VALUES "
         + ", ".join(
-            f"('{topic}', {ts(w)}, {ts(w + 1000)}, '{s}', {n}, current_timestamp(), 'stream', 'r1', to_date({ts(w)}))"
+            f"('{topic}', {ts(w)}, {ts(w + 1000)}, '{s}', {n}, current_timestamp(), 'stream', 'r1', to_date({ts(w)}), "
+            f"hour({ts(w)}))"
             for w, s, n in counts
         )
     )

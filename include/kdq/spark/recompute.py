@@ -88,8 +88,10 @@ def recompute_interval(
     reason: str = "late_data",
     push: bool = True,
     allow_stream_behind: bool = False,
+    compact: bool = False,
 ) -> RecomputeReport:
-    """Recompute the late windows of ``interval`` (ingest time), record and apply the corrections, push them.
+    """Recompute the late windows of ``interval`` (ingest time), record and apply the corrections, push them;
+    ``compact``: then compact the closed hours of the archive and the window tables (the hourly DAG's run).
 
     Raises :class:`StreamBehind` while the speed layer has not committed every micro-batch ingested before
     the interval's end (unless ``allow_stream_behind``). Re-running an interval is a no-op for Delta and
@@ -162,9 +164,10 @@ def recompute_interval(
         error = (report.summaries.push or {}).get("influx_error", "summary push failed")
         InfluxPushState(config).record_failure(started_ms, error)
         report.ok = False
-    # The stream leaves a file per micro-batch in each hour it counts; compacting the closed ones every hour keeps
-    # the tables' snapshots and the readers of the day small (the nightly maintenance does only closed days).
-    report.compacted = compact_closed_hours(spark, config)
+    if compact:
+        # The stream leaves a file per micro-batch in each hour it counts; compacting the closed ones every hour
+        # keeps the tables' snapshots and the readers of the day small (the nightly maintenance does closed days).
+        report.compacted = compact_closed_hours(spark, config)
     return report
 
 
