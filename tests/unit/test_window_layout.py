@@ -112,3 +112,47 @@ def test_closed_hours_are_compacted_and_open_ones_left_to_the_stream(spark, tmp_
     assert _counts(spark, config) == before
     again = compact_closed_hours(spark, config, now_ms=now)
     assert again["window_counts"] == {"skipped": "no closed hour has files added since it was compacted"}
+
+
+def test_compaction_beside_the_streams_merges_loses_nothing(spark, tmp_path) -> None:
+    """Overlap: the hourly compaction runs while the stream MERGEs, into the open hour and (a late correction
+    would) into the very hour being compacted. Each writer has its own session, as its own job would (Delta's
+    txn guard is session-wide). Every increment lands exactly once; the compaction finishes (retrying a
+    conflict if it met one), and the closed hour ends as one file when nothing wrote it after."""
+    import threading
+
+    config = _config(tmp_path)
+    ensure_tables(spark, config)
+    for version, hour in enumerate((2, 2, 2, 3, 3, 3), start=1):
+        merge_window_increments(spark, _rows(DAY_MS + hour * HOUR_MS + version * 10_000, 5), config, "setup", version)
+    expected = sum(_counts(spark, config).values())
+    stream_session, compaction_session = spark.newSession(), spark.newSession()
+    errors: list[BaseException] = []
+    added = []
+
+    def stream() -> None:
+        try:
+            for version in range(1, 9):
+                # Odd versions into the open hour 05, even ones into hour 03 (a window the compaction is rewriting).
+                hour = 5 if version % 2 else 3
+                rows = _rows(DAY_MS + hour * HOUR_MS + 600_000 + version * 1000, 3, count=version)
+                merge_window_increments(stream_session, rows, config, "stream", version)
+                added.append(sum(r["count"] for r in rows))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    writer = threading.Thread(target=stream)
+    writer.start()
+    result = compact_closed_hours(compaction_session, config, now_ms=DAY_MS + 5 * HOUR_MS + 20 * 60_000)
+    writer.join(timeout=600)
+    assert not writer.is_alive() and not errors, errors
+    assert "error" not in result["window_counts"], result
+    assert sum(_counts(spark, config).values()) == expected + sum(added)  # every increment once
+    assert txn_version(spark, table_path(config, WINDOW_COUNTS), "stream") == 8
+    final = compact_closed_hours(compaction_session, config, now_ms=DAY_MS + 5 * HOUR_MS + 20 * 60_000)
+    files = {}
+    for name in spark.read.format("delta").load(table_path(config, WINDOW_COUNTS)).inputFiles():
+        hour = int(name.split("window_hour=")[1].split("/")[0])
+        files[hour] = files.get(hour, 0) + 1
+    assert files[2] == files[3] == 1, (files, final)
+    assert sum(_counts(spark, config).values()) == expected + sum(added)

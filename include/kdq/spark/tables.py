@@ -84,8 +84,8 @@ def ensure_window_layout(spark: SparkSession, config: Config, spec: TableSpec) -
 
     Delta cannot re-partition in place, so the table is rewritten by one overwrite of itself (its history,
     properties and idempotent-write versions stay in its log; readers see the old or the new files, never a
-    mix). A writer committing meanwhile makes the overwrite fail with a conflict, and it is tried again
-    (:func:`_retrying`); one that starts on the old layout fails its commit instead of writing a stale one."""
+    mix). A kdq writer committing meanwhile makes the overwrite fail with a conflict, and it is tried again
+    (:func:`_retrying`). A stream of the earlier kdq is stopped for the upgrade (docs/operations.md)."""
     from delta.tables import DeltaTable
 
     from kdq.spark.transforms import window_partition_columns
