@@ -43,6 +43,14 @@ def _counts(spark, config) -> dict:
         "topic", F.unix_millis("window_start").alias("ms"), "window_date", "window_hour", "count").collect()}
 
 
+def _files_per_hour(spark, config) -> dict[int, int]:
+    files: dict[int, int] = {}
+    for name in spark.read.format("delta").load(table_path(config, WINDOW_COUNTS)).inputFiles():
+        hour = int(name.split("window_hour=")[1].split("/")[0])
+        files[hour] = files.get(hour, 0) + 1
+    return files
+
+
 def test_a_merge_marks_changed_rows_instead_of_rewriting_the_day(spark, tmp_path) -> None:
     config = _config(tmp_path)
     ensure_tables(spark, config)
@@ -104,10 +112,7 @@ def test_closed_hours_are_compacted_and_open_ones_left_to_the_stream(spark, tmp_
     assert result["window_counts"]["partitions"] == ["2026-11-24-02", "2026-11-24-03"], result
     assert result["window_counts"]["files_added"] == 2 and result["window_counts"]["files_removed"] >= 5
     assert result["summaries"] == {"skipped": "no closed hour has files added since it was compacted"}
-    files = {}
-    for name in spark.read.format("delta").load(table_path(config, WINDOW_COUNTS)).inputFiles():
-        hour = int(name.split("window_hour=")[1].split("/")[0])
-        files[hour] = files.get(hour, 0) + 1
+    files = _files_per_hour(spark, config)
     assert files[2] == files[3] == 1 and files[5] >= 2, files
     assert _counts(spark, config) == before
     again = compact_closed_hours(spark, config, now_ms=now)
@@ -150,9 +155,6 @@ def test_compaction_beside_the_streams_merges_loses_nothing(spark, tmp_path) -> 
     assert sum(_counts(spark, config).values()) == expected + sum(added)  # every increment once
     assert txn_version(spark, table_path(config, WINDOW_COUNTS), "stream") == 8
     final = compact_closed_hours(compaction_session, config, now_ms=DAY_MS + 5 * HOUR_MS + 20 * 60_000)
-    files = {}
-    for name in spark.read.format("delta").load(table_path(config, WINDOW_COUNTS)).inputFiles():
-        hour = int(name.split("window_hour=")[1].split("/")[0])
-        files[hour] = files.get(hour, 0) + 1
+    files = _files_per_hour(spark, config)
     assert files[2] == files[3] == 1, (files, final)
     assert sum(_counts(spark, config).values()) == expected + sum(added)
