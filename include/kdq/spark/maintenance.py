@@ -395,7 +395,7 @@ def compact_closed_hours(spark: Any, config: Any, now_ms: int | None = None) -> 
     files added since they were last compacted; returns what each table's step did, or why not. A step that
     still conflicts after its retries with another writer of the same hour (a rebuild, a recompute) is
     reported and left to the next run: compaction changes no data, so nothing waits on it."""
-    from kdq.spark.writers import retry_on_conflict
+    from kdq.spark.writers import is_conflict, retry_on_conflict
     from kdq.tables import RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
     now = int(time.time() * 1000) if now_ms is None else now_ms
@@ -410,6 +410,8 @@ def compact_closed_hours(spark: Any, config: Any, now_ms: int | None = None) -> 
         try:
             result = retry_on_conflict(lambda step=step: run_step(spark, config, step), step.describe())
         except Exception as exc:  # py4j: Delta's conflicts arrive as generic errors
+            if not is_conflict(exc):
+                raise  # anything but a lost race (storage down, a bad table) fails the run, as any write would
             log.warning("compaction of closed hours: %s failed, left to the next run: %s", step.describe(), str(exc)[:300])
             result = {"error": str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}
         results[step.table] = {**result, "seconds": round(time.monotonic() - started, 1)}
