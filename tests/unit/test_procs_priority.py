@@ -1,5 +1,6 @@
 """The local stack's processes run at a lower CPU priority than the SQL endpoint (kdq.procs): a managed
-process is started under ``nice``, its threads and children inherit it, and the endpoint's keeps the default."""
+process is started under ``nice`` in a session of its own whose autogroup gets the same niceness, its threads and
+children inherit both, and the endpoint's keeps the default."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from kdq.procs import INTERACTIVE_NICENESS, SERVICE_NICENESS, ManagedProcess, niced
+from kdq.procs import INTERACTIVE_NICENESS, SERVICE_NICENESS, ManagedProcess, niced, set_session_niceness
 from kdq.stack.sql_endpoint import LocalSqlEndpoint
 from tests.conftest import make_config
 
@@ -40,6 +41,15 @@ def test_a_managed_process_and_its_child_run_at_the_service_priority(tmp_path: P
         assert proc.nice() == SERVICE_NICENESS
         children = proc.children()
         assert children and {child.nice() for child in children} == {SERVICE_NICENESS}
+        # Its session (autogroup) has the same weight among sessions, shared by the child; where the kernel has no
+        # autogroup the process's own niceness is all there is, and setting it reports so.
+        autogroup = Path(f"/proc/{proc.pid}/autogroup")
+        if autogroup.exists():
+            assert autogroup.read_text().split()[-2:] == ["nice", str(SERVICE_NICENESS)]
+            assert Path(f"/proc/{children[0].pid}/autogroup").read_text() == autogroup.read_text()
+            assert Path(f"/proc/{os.getpid()}/autogroup").read_text() != autogroup.read_text()
+        else:
+            assert not set_session_niceness(proc.pid, SERVICE_NICENESS)
     finally:
         assert process.stop(timeout=5)
 
