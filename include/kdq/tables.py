@@ -66,8 +66,14 @@ RAW_ARCHIVE = TableSpec(
 # pass). New files then cover the batch's few seconds of windows, so data skipping on window_start keeps a
 # MERGE's reads to the last minute's files; the hour lets the batch layer compact closed hours during the day
 # (kdq.spark.maintenance.compact_closed_hours) without touching the files the stream reads.
+# Between those compactions the open hour gets one small file per micro-batch, and every reader of the day (SQL,
+# the page, the expectations run, the summaries' MERGE over its 30-minute lateness) opened them all: Delta's auto
+# compaction (a post-commit hook of the writer's own commit) folds an hour's small files into one whenever it holds
+# AUTO_COMPACT_MIN_FILES of them. It touches only the partitions the commit wrote, a failure of it is logged and
+# never fails the write, and a conflict with another writer of that hour leaves the files for the next commit.
 WINDOW_PARTITIONS = ("window_date", "window_hour")
-WINDOW_TABLE_PROPERTIES = (("delta.enableDeletionVectors", "true"),)
+WINDOW_TABLE_PROPERTIES = (("delta.enableDeletionVectors", "true"), ("delta.autoOptimize.autoCompact", "true"))
+AUTO_COMPACT_MIN_FILES = 10  # spark.databricks.delta.autoCompact.minNumFiles (Delta's default: 50)
 
 # Table property of window_counts: the stream.window_seconds its windows were counted with (kdq.spark.tables).
 WINDOW_SECONDS_PROPERTY = "kdq.window_seconds"

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from kdq.spark.maintenance import compact_closed_hours
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import merge_window_increments, txn_version
-from kdq.tables import SUMMARIES, WINDOW_COUNTS, WINDOW_PARTITIONS, WINDOW_SECONDS_PROPERTY
+from kdq.tables import AUTO_COMPACT_MIN_FILES, SUMMARIES, WINDOW_COUNTS, WINDOW_PARTITIONS, WINDOW_SECONDS_PROPERTY
 from tests.conftest import make_config
 
 DAY_MS = int(dt.datetime(2026, 11, 24, tzinfo=dt.UTC).timestamp() * 1000)
@@ -71,6 +71,32 @@ def test_a_merge_marks_changed_rows_instead_of_rewriting_the_day(spark, tmp_path
     assert counts[("a", DAY_MS + 9 * HOUR_MS + 599_000, dt.date(2026, 11, 24), 9)] == 3
 
 
+def test_the_writer_keeps_the_open_hour_in_few_files(spark, tmp_path) -> None:
+    """One small file per micro-batch would pile up in the open hour until the hourly compaction; Delta's auto
+    compaction after the writer's own MERGE folds them whenever the hour holds AUTO_COMPACT_MIN_FILES, keeping every
+    count and the writer's idempotent-write version (a replayed batch is still skipped)."""
+    config = _config(tmp_path)
+    ensure_tables(spark, config)
+    assert _table(spark, config).detail().first()["properties"]["delta.autoOptimize.autoCompact"] == "true"
+    batches = 2 * AUTO_COMPACT_MIN_FILES + 3
+    most = 0
+    for version in range(1, batches + 1):
+        # 5 new seconds per batch, and the first second of the hour again: a MERGE that updates an older file too.
+        rows = _rows(DAY_MS + 5 * HOUR_MS + version * 10_000, 5) + _rows(DAY_MS + 5 * HOUR_MS, 1)
+        merge_window_increments(spark, rows, config, "open-hour", version)
+        most = max(most, _files_per_hour(spark, config)[5])
+    assert most <= AUTO_COMPACT_MIN_FILES, most
+    operations = [r["operation"] for r in _table(spark, config).history().collect()]
+    assert operations.count("OPTIMIZE") >= 2, operations
+    counts = _counts(spark, config)
+    assert len(counts) == 2 * (5 * batches + 1)
+    assert counts[("a", DAY_MS + 5 * HOUR_MS, dt.date(2026, 11, 24), 5)] == batches
+    assert sum(counts.values()) == 2 * 6 * batches
+    merge_window_increments(spark, _rows(DAY_MS + 5 * HOUR_MS, 1), config, "open-hour", batches)  # a replay
+    assert _counts(spark, config) == counts
+    assert txn_version(spark, table_path(config, WINDOW_COUNTS), "open-hour") == batches
+
+
 def test_a_table_of_the_earlier_layout_is_rewritten_once_keeping_everything(spark, tmp_path) -> None:
     config = _config(tmp_path)
     path = table_path(config, WINDOW_COUNTS)
@@ -89,6 +115,7 @@ def test_a_table_of_the_earlier_layout_is_rewritten_once_keeping_everything(spar
     detail = _table(spark, config).detail().first()
     assert tuple(detail["partitionColumns"]) == WINDOW_PARTITIONS
     assert detail["properties"]["delta.enableDeletionVectors"] == "true"
+    assert detail["properties"]["delta.autoOptimize.autoCompact"] == "true"
     assert detail["properties"][WINDOW_SECONDS_PROPERTY] == "1"
     assert txn_version(spark, path, "old-stream") == 41  # a replayed batch of the old stream is still skipped
     assert _counts(spark, config) == {("a", DAY_MS + h * HOUR_MS + 5_000, dt.date(2026, 11, 24), h): 7 + h

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from kdq import storage
 from kdq.config import Config, ConfigError
+from kdq.tables import AUTO_COMPACT_MIN_FILES
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -119,6 +120,9 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         # sources are local, deterministic rows).
         "spark.databricks.delta.writeChecksumFile.enabled": "false",
         "spark.databricks.delta.merge.materializeSource": "none",
+        # Small files an hour of window_counts or summaries may hold before the writer's auto compaction folds
+        # them (kdq.tables.AUTO_COMPACT_MIN_FILES; the tables' delta.autoOptimize.autoCompact property).
+        "spark.databricks.delta.autoCompact.minNumFiles": str(AUTO_COMPACT_MIN_FILES),
         # Partitioned writes (the raw archive by event_hour) keep one open file per partition value instead of
         # sorting every row by it first: a micro-batch spans one or two event hours, and the sort of its 1 KB
         # rows cost ~2.4 core-µs per record (benchmarks/count_path_floor.py: 20.5 → 18.1). Beyond 4 partition
