@@ -90,7 +90,8 @@ def stream_summaries(
     a batch without a summary topic costs nothing. ``replayed`` False (the
     batch's ledger entry was written by this attempt) skips the look into
     Delta's log: a first attempt cannot have been applied. ``lap(step)`` is called after each
-    step (``summary_states``, ``summary_merge``, ``summary_outputs``): the micro-batch report's breakdown.
+    step (``summary_states``, ``summary_read``, ``summary_merge``, ``summary_late``, ``summary_outputs``): the
+    micro-batch report's breakdown.
     """
     summaries = active_summaries(config, topics)
     report = {"summary_groups": 0, "summary_late_rows": 0}
@@ -105,6 +106,7 @@ def stream_summaries(
     absolute: dict[tuple, dict] = {}
     if increments:
         existing = read_states(spark, config, {(r["summary"], r["topic"], r["window_start_ms"]) for r in increments})
+        lap("summary_read")
         applied = replayed and txn_version(spark, table_path(config, SUMMARIES), app_id) >= batch_id
         if applied:
             # Delta already holds this batch: what was read is the absolute state.
@@ -117,8 +119,9 @@ def stream_summaries(
                 absolute[key] = {**r, "state": merge(before, r["state"])}
             check_limits(config, absolute)
             merge_increments(spark, config, increments, app_id, batch_id)
-    append_late_windows(spark, config, late, app_id, batch_id, ingest_ms)
     lap("summary_merge")
+    append_late_windows(spark, config, late, app_id, batch_id, ingest_ms)
+    lap("summary_late")
     changed = [absolute[key_of(r)] for r in increments if key_of(r) in absolute]
     report["summary_groups"] = len(changed)
     _, influx_error = publish(config, changed, producer=producer)
