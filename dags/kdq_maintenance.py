@@ -3,7 +3,10 @@
 
 Daily housekeeping of the Delta tables (`spark_jobs/maintenance.py`, submitted like the other jobs), on **closed partitions only** (older than today, UTC; the
 stream MERGEs into today's, and compacting them would make its MERGEs fail on conflicts), and only **where something
-changed** (read from each table's Delta log first; the task's report says what each step did or why it was skipped):
+changed**. The `plan` task reads each table's Delta log without Spark (delta-rs, under a second) and logs every
+step with what it would do or why it is skipped; when every step is skipped, the Spark job is skipped too (no
+session start). Otherwise `optimize_vacuum_retention` plans again in Spark and runs the steps (its report says
+what each did):
 
 * `OPTIMIZE` of `raw_archive` (by `event_hour`), `window_counts` and `summaries` (by `window_date`), with a `WHERE`
   naming exactly the closed partitions that received files since they were compacted (two or more small files);
@@ -35,7 +38,7 @@ from airflow.sdk import DAG
 
 from kdq.airflow_pools import BATCH_POOL
 from kdq_airflow.defaults import kdq_default_args, kdq_maintenance_timetable
-from kdq_airflow.operators import MaintenanceOperator
+from kdq_airflow.operators import MaintenanceOperator, MaintenancePlanOperator
 
 with DAG(
     dag_id="kdq_maintenance",
@@ -44,8 +47,13 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["kdq", "maintenance"],
-    default_args=kdq_default_args(
-        retries=2, retry_delay=timedelta(minutes=5), execution_timeout=timedelta(hours=2), pool=BATCH_POOL
-    ),
+    default_args=kdq_default_args(retries=2, retry_delay=timedelta(minutes=5), execution_timeout=timedelta(hours=2)),
 ):
-    MaintenanceOperator(task_id="optimize_vacuum_retention", archive_retention_days=30, vacuum_retain_hours=168)
+    # The plan reads the Delta logs without Spark (under a second): outside the batch pool, so it does not wait
+    # behind a recompute to find nothing to do; the Spark job runs only when a step has work.
+    (
+        MaintenancePlanOperator(task_id="plan", archive_retention_days=30, vacuum_retain_hours=168)
+        >> MaintenanceOperator(
+            task_id="optimize_vacuum_retention", archive_retention_days=30, vacuum_retain_hours=168, pool=BATCH_POOL
+        )
+    )

@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
@@ -201,6 +202,31 @@ class MaintenanceOperator(KdqSparkJobOperator):
         super().__init__(
             job="maintenance",
             job_args=[f"--archive-retention-days={int(archive_retention_days)}", f"--vacuum-retain-hours={int(vacuum_retain_hours)}"],
+            **kwargs,
+        )
+
+
+def _maintenance_has_work(archive_retention_days: int, vacuum_retain_hours: int, config_path: str | None) -> bool:
+    from kdq.config import load_config
+    from kdq.spark.maintenance import maintenance_has_work
+
+    return maintenance_has_work(load_config(config_path), archive_retention_days, vacuum_retain_hours)
+
+
+class MaintenancePlanOperator(ShortCircuitOperator):
+    """Plan the daily maintenance from the tables' Delta logs in the task's own process (delta-rs, no Spark:
+    :func:`kdq.spark.maintenance.maintenance_has_work`) and skip the Spark job downstream when every step
+    would be skipped. Light (well under a second of work), so it runs outside the batch jobs' pool and never
+    waits behind a recompute to find that there is nothing to do."""
+
+    ui_color = "#f4a460"
+
+    def __init__(self, *, archive_retention_days: int = 30, vacuum_retain_hours: int = 168,
+                 config_path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(
+            python_callable=_maintenance_has_work,
+            op_kwargs={"archive_retention_days": int(archive_retention_days),
+                       "vacuum_retain_hours": int(vacuum_retain_hours), "config_path": config_path},
             **kwargs,
         )
 

@@ -193,6 +193,10 @@ def test_maintenance_schedule_of_the_dag_file(parsed: dict) -> None:
     dag = parsed["dags"]["kdq_maintenance"]
     assert dag["start_date"] is None and dag["catchup"] is False
     assert dag["timetable"] == "CronTriggerTimetable"
+    # The plan (no Spark) decides whether the Spark job runs at all: a short circuit before it.
+    tasks = dag["tasks"]
+    assert tasks["plan"]["type"] == "MaintenancePlanOperator" and tasks["plan"]["upstream"] == []
+    assert tasks["optimize_vacuum_retention"]["upstream"] == ["plan"]
 
 
 def test_supervisor_runs_one_at_a_time_and_stop_is_manual(parsed: dict) -> None:
@@ -202,8 +206,10 @@ def test_supervisor_runs_one_at_a_time_and_stop_is_manual(parsed: dict) -> None:
 
 
 def test_batch_jobs_share_one_pool_and_the_supervisor_keeps_a_slot(parsed: dict) -> None:
-    """The batch jobs' tasks run in kdq's one-slot pool; the stream's own DAGs stay in the default pool, so
-    with two task slots a supervisor run never waits for a maintenance or a recompute to end."""
+    """The batch jobs' Spark tasks run in kdq's one-slot pool; the stream's own DAGs stay in the default pool, so
+    with two task slots a supervisor run never waits for a maintenance or a recompute to end. The maintenance's
+    plan (no Spark: the Delta logs read by delta-rs) stays outside the pool, so it never waits behind a recompute
+    to find nothing to do."""
     from kdq.airflow_pools import BATCH_POOL, BATCH_POOL_SLOTS
 
     assert BATCH_POOL_SLOTS == 1
@@ -211,7 +217,11 @@ def test_batch_jobs_share_one_pool_and_the_supervisor_keeps_a_slot(parsed: dict)
         (dag_id, task_id): task["pool"] for dag_id, dag in parsed["dags"].items() for task_id, task in dag["tasks"].items()
     }
     batch = {"kdq_maintenance", "kdq_hourly_recompute", "kdq_rebuild"}
-    assert {key for key, pool in pools.items() if pool == BATCH_POOL} == {key for key in pools if key[0] in batch}
+    light = {("kdq_maintenance", "plan")}
+    assert pools[("kdq_maintenance", "plan")] == "default_pool"
+    assert {key for key, pool in pools.items() if pool == BATCH_POOL} == {
+        key for key in pools if key[0] in batch and key not in light
+    }
     assert {pools[key] for key in pools if key[0] in {"kdq_stream_supervisor", "kdq_stream_stop"}} == {"default_pool"}
     compose = (PROJECT_ROOT / "docker-compose.yml").read_text()
     assert f"airflow pools set {BATCH_POOL} {BATCH_POOL_SLOTS} " in compose, "the deployment creates the pool"

@@ -16,10 +16,11 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from kdq.spark.maintenance import run_maintenance
+from kdq import delta_log
+from kdq.spark.maintenance import _spark_table_state, maintenance_has_work, run_maintenance
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import merge_window_increments
-from kdq.tables import WINDOW_COUNTS
+from kdq.tables import ALL_TABLES, WINDOW_COUNTS
 from tests.conftest import make_config
 
 pytestmark = pytest.mark.integration
@@ -51,6 +52,20 @@ def _files(spark, config, day: dt.date) -> int:
                 if f"window_date={day:%Y-%m-%d}/" in f])
 
 
+def _same_log_as_spark(spark, config) -> None:
+    """delta-rs's reading of every table's log (kdq.delta_log) is Spark's: the same partitions, compactable
+    partitions and creation time; commit times within a second (Spark takes a commit file's time, delta-rs
+    its commitInfo's)."""
+    for spec in ALL_TABLES:
+        ours, sparks = delta_log.table_state(config, spec), _spark_table_state(spark, config, spec, files=True)
+        assert (ours.partitions, ours.compactable, ours.created_ms) == (
+            sparks.partitions, sparks.compactable, sparks.created_ms), spec.name
+        for field in ("last_data_commit_ms", "last_vacuum_ms"):
+            a, b = getattr(ours, field), getattr(sparks, field)
+            assert (a is None) == (b is None) and (a is None or abs(a - b) < 1000), (spec.name, field, a, b)
+    assert delta_log.table_state(config, WINDOW_COUNTS).compactable == {"2026-11-24-00"}
+
+
 def test_maintenance_compacts_only_what_changed(spark, tmp_path: Path) -> None:
     config = make_config(tmp_path, spark={"master": "local[2]", "shuffle_partitions": 2})
     ensure_tables(spark, config)
@@ -64,6 +79,8 @@ def test_maintenance_compacts_only_what_changed(spark, tmp_path: Path) -> None:
 
     # Eight days on, the tables are older than the VACUUM's 168 hours retention: the first run vacuums them.
     eight_days_on = int(time.time() * 1000) + 8 * 86_400_000
+    # The plan without Spark (the Airflow task before the job) sees the work too.
+    assert maintenance_has_work(config, 30, 168, now_ms=eight_days_on, today=TODAY) is True
     first = run_maintenance(spark, config, 30, 168, TODAY, now_ms=eight_days_on)
     key = ("OPTIMIZE window_counts WHERE (window_date = DATE'2026-11-20' AND window_hour IN (0)) "
            "OR (window_date = DATE'2026-11-21' AND window_hour IN (0))")
@@ -80,7 +97,10 @@ def test_maintenance_compacts_only_what_changed(spark, tmp_path: Path) -> None:
     assert first.results["VACUUM window_counts LITE RETAIN 168 HOURS"]["vacuumed"] == "LITE"
     assert _counts(spark, config) == before
 
-    # Nothing changed: no OPTIMIZE at all, and the report says why.
+    # Nothing changed: no OPTIMIZE at all, and the report says why; the plan without Spark says the job can be
+    # skipped (no Spark start in the DAG), and it read each table's log as Spark does.
+    _same_log_as_spark(spark, config)
+    assert maintenance_has_work(config, 30, 168, today=TODAY) is False
     second = run_maintenance(spark, config, 30, 168, TODAY)
     assert {k: v for k, v in second.results.items() if k.startswith("OPTIMIZE")} == {
         f"OPTIMIZE {name}": {"skipped": "no closed partition has files added since it was compacted"}
@@ -97,6 +117,7 @@ def test_maintenance_compacts_only_what_changed(spark, tmp_path: Path) -> None:
         version += 1
         _merge(spark, config, dt.date(2026, 11, 20), version)
     after_merges = _counts(spark, config)
+    assert maintenance_has_work(config, 30, 168, today=TODAY) is True
     files = _files(spark, config, dt.date(2026, 11, 20))
     assert files >= 2
     third = run_maintenance(spark, config, 30, 168, TODAY)

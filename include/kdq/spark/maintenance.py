@@ -56,33 +56,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kdq.delta_log import HISTORY_LOOKBACK, WINDOW_HOUR, TableMissing, TableState, partition_key_column, readable
 from kdq.job_reports import MaintenanceReport
+from kdq.tables import ALL_TABLES, RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
 log = logging.getLogger("kdq.maintenance")
 
 MIN_VACUUM_RETAIN_HOURS = 168  # Delta's default safety check: readers and the stream may hold older snapshots
 FULL_VACUUM_WEEKDAY = 6  # Sunday (date.weekday()): the weekly VACUUM that lists the directories
-HISTORY_LOOKBACK = 32  # commits read to find the last data commit behind the VACUUM commits
-DEFAULT_MIN_FILE_SIZE = 1024 * 1024 * 1024  # Delta's spark.databricks.delta.optimize.minFileSize
 
 _HOUR = re.compile(r"\d{4}-\d{2}-\d{2}-\d{2}")
-
-
-@dataclass(frozen=True)
-class TableState:
-    """What the plan needs to know of one table (:func:`table_state`, from its Delta log).
-
-    ``partitions``: every partition value holding a file; ``compactable``: those holding two or more files
-    below OPTIMIZE's minimum size; ``last_data_commit_ms``: time of the newest commit other than a VACUUM
-    (None: none among the last :data:`HISTORY_LOOKBACK`); ``last_vacuum_ms``: the newest completed VACUUM
-    after it (None: none); ``created_ms``: when the table was created (its metadata's ``createdTime``; None:
-    not recorded)."""
-
-    partitions: frozenset[str] = frozenset()
-    compactable: frozenset[str] = frozenset()
-    last_data_commit_ms: int | None = None
-    last_vacuum_ms: int | None = None
-    created_ms: int | None = None
+# The tables whose file lists the plan reads (compaction, retention); the others only their last commits.
+_PLANNED_FROM_FILES = frozenset({RAW_ARCHIVE.name, WINDOW_COUNTS.name, SUMMARIES.name})
 
 
 @dataclass(frozen=True)
@@ -116,18 +101,6 @@ def closed_before(config: Any, today: dt.date) -> dt.date:
     lateness = max([int(config.stream.allowed_lateness_seconds), *(int(s.allowed_lateness_seconds) for s in summaries)])
     lateness_days = -(-lateness // 86400)  # ceil
     return today - dt.timedelta(days=max(lateness_days - 1, 0))
-
-
-# The partition key of the window tables (window_counts, summaries: kdq.tables.WINDOW_PARTITIONS) as this module
-# names it: their (window_date, window_hour) pair written as one "%Y-%m-%d-%H" value, like the archive's event_hour.
-WINDOW_HOUR = "window_hour"
-
-
-def partition_key_column(spec: Any) -> str:
-    """The one partition column the plan keys ``spec``'s partitions by (:data:`WINDOW_HOUR` for the pair)."""
-    from kdq.tables import WINDOW_PARTITIONS
-
-    return WINDOW_HOUR if tuple(spec.partitioned_by) == WINDOW_PARTITIONS else spec.partitioned_by[0]
 
 
 def _partition_literal(column: str, value: str) -> tuple[str, str] | None:
@@ -189,7 +162,6 @@ def closed_hours_plan(config: Any, tables: Mapping[str, TableState], now_ms: int
     the stream writes there: the counts' (``stream.allowed_lateness_seconds``) in the archive and
     ``window_counts``, the longest summary's in ``summaries``. The stream's archive appends never conflict with
     a compaction; the batch layer's late corrections into a compacted hour are compacted by a later run."""
-    from kdq.tables import RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
     counts_lateness = int(config.stream.allowed_lateness_seconds)
     summaries = getattr(config, "summaries", None) or ()
@@ -237,7 +209,6 @@ def maintenance_plan(
     range (every closed partition, a full retention pass, a VACUUM of every table). ``now_ms``: the run's
     instant, for the tables' ages (None: ages unknown, every table old enough)."""
     from kdq.spark.retention import retirement_instant
-    from kdq.tables import ALL_TABLES, RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
     if vacuum_retain_hours < MIN_VACUUM_RETAIN_HOURS:
         raise ValueError(f"vacuum_retain_hours must be >= {MIN_VACUUM_RETAIN_HOURS}, got {vacuum_retain_hours}")
@@ -282,13 +253,24 @@ def maintenance_plan(
 
 
 def table_state(spark: Any, config: Any, spec: Any, files: bool = True) -> TableState:
-    """:class:`TableState` of ``spec``'s table from its Delta log: the latest snapshot's file list (one small
-    Spark job over the checkpoint and the commits after it; ``files``: only for a table the plan compacts or
-    retires from) and its last :data:`HISTORY_LOOKBACK` commits."""
+    """:class:`TableState` of ``spec``'s table from its Delta log: the latest snapshot's file list (``files``:
+    only for a table the plan compacts or retires from) and its last :data:`HISTORY_LOOKBACK` commits. Read by
+    delta-rs where it can read the storage (:mod:`kdq.delta_log`: milliseconds per table), else by ``spark``."""
+    from kdq import delta_log
+
+    if readable(config):
+        return delta_log.table_state(config, spec, files)
+    return _spark_table_state(spark, config, spec, files)
+
+
+def _spark_table_state(spark: Any, config: Any, spec: Any, files: bool) -> TableState:
+    """:func:`table_state` through Spark: one small job over the checkpoint and the commits after it, and
+    ``DeltaTable.history``."""
     from delta.tables import DeltaTable
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
+    from kdq import delta_log
     from kdq.spark.tables import table_path
     from kdq.spark.writers import delta_snapshot
 
@@ -296,7 +278,7 @@ def table_state(spark: Any, config: Any, spec: Any, files: bool = True) -> Table
     partitions: frozenset[str] = frozenset()
     compactable: frozenset[str] = frozenset()
     if files and spec.partitioned_by:
-        min_size = int(spark.conf.get("spark.databricks.delta.optimize.minFileSize", str(DEFAULT_MIN_FILE_SIZE)))
+        min_size = int(spark.conf.get(delta_log.MIN_FILE_SIZE_CONF, str(delta_log.DEFAULT_MIN_FILE_SIZE)))
         snapshot_files = DataFrame(delta_snapshot(spark, path).allFiles().toDF(), spark)
         values = F.col("partitionValues")
         key = (
@@ -325,6 +307,51 @@ def table_state(spark: Any, config: Any, spec: Any, files: bool = True) -> Table
             break
     created_ms = int(created["ms"]) if created is not None and created["ms"] is not None else None
     return TableState(partitions, compactable, last_data, last_vacuum, created_ms)
+
+
+def plan_from_log(
+    config: Any, archive_retention_days: int, vacuum_retain_hours: int, today: dt.date, now_ms: int
+) -> list[Step] | None:
+    """The maintenance plan (:func:`maintenance_plan`) from every table's log read without Spark
+    (:mod:`kdq.delta_log`), for deciding before a Spark start whether a run has anything to do; None when it
+    cannot tell (storage delta-rs does not read here, a table not created yet: the Spark job creates it)."""
+    from kdq import delta_log
+
+    if not readable(config):
+        return None
+    planned = _PLANNED_FROM_FILES
+    try:
+        tables = {spec.name: delta_log.table_state(config, spec, files=spec.name in planned) for spec in ALL_TABLES}
+    except TableMissing as exc:
+        log.info("maintenance plan: %s; the job plans after creating it", exc)
+        return None
+    return maintenance_plan(config, today, archive_retention_days, vacuum_retain_hours, tables, now_ms)
+
+
+def describe_plan(steps: Iterable[Step]) -> None:
+    """Log each step as it is planned (the lines an operator reads in the task log)."""
+    for step in steps:
+        log.info("maintenance: %s%s", step.describe(), f" skipped: {step.skipped}" if step.skipped else "")
+
+
+def maintenance_has_work(config: Any, archive_retention_days: int, vacuum_retain_hours: int,
+                         now_ms: int | None = None, today: dt.date | None = None) -> bool:
+    """False only when the tables' logs, read without Spark (:func:`plan_from_log`), show that every step of
+    the run would be skipped: the maintenance DAG then starts no Spark job at all. True when a step has
+    work, or when the plan cannot be read here (the job plans itself). ``now_ms`` / ``today``: the run's
+    instant and UTC date (default: now, its date), as the job takes them."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    today = today or dt.datetime.fromtimestamp(now / 1000, tz=dt.UTC).date()
+    started = time.monotonic()
+    steps = plan_from_log(config, archive_retention_days, vacuum_retain_hours, today, now)
+    if steps is None:
+        log.info("maintenance plan: the tables' logs are not readable without Spark here; the Spark job plans")
+        return True
+    describe_plan(steps)
+    work = [step for step in steps if not step.skipped]
+    log.info("maintenance plan from the Delta logs in %.2f s: %d of %d steps to run%s", time.monotonic() - started,
+             len(work), len(steps), "" if work else "; no Spark job today")
+    return bool(work)
 
 
 # -- the side effects ---------------------------------------------------------------------------------------
@@ -368,7 +395,6 @@ def run_step(spark: Any, config: Any, step: Step) -> Any:
     from kdq.spark.batch_layer import stream_caught_up
     from kdq.spark.retention import retire_and_delete
     from kdq.spark.tables import table_path
-    from kdq.tables import ALL_TABLES
 
     if step.skipped:
         return {"skipped": step.skipped}
@@ -396,7 +422,6 @@ def compact_closed_hours(spark: Any, config: Any, now_ms: int | None = None) -> 
     still conflicts after its retries with another writer of the same hour (a rebuild, a recompute) is
     reported and left to the next run: compaction changes no data, so nothing waits on it."""
     from kdq.spark.writers import is_conflict, retry_on_conflict
-    from kdq.tables import RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
     now = int(time.time() * 1000) if now_ms is None else now_ms
     tables = {spec.name: table_state(spark, config, spec) for spec in (RAW_ARCHIVE, WINDOW_COUNTS, SUMMARIES)}
@@ -426,16 +451,14 @@ def run_maintenance(
     (spark_jobs/maintenance.py prints it). ``now_ms``: the instant the tables' ages are measured at (default:
     now)."""
     from kdq.spark.tables import ensure_tables
-    from kdq.tables import ALL_TABLES, RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 
     ensure_tables(spark, config)
-    planned = {RAW_ARCHIVE.name, WINDOW_COUNTS.name, SUMMARIES.name}
-    tables = {spec.name: table_state(spark, config, spec, files=spec.name in planned) for spec in ALL_TABLES}
+    tables = {spec.name: table_state(spark, config, spec, files=spec.name in _PLANNED_FROM_FILES) for spec in ALL_TABLES}
     steps = maintenance_plan(config, today, archive_retention_days, vacuum_retain_hours, tables,
                              int(time.time() * 1000) if now_ms is None else now_ms)
     results = {}
     for step in steps:
-        log.info("maintenance: %s%s", step.describe(), f" skipped: {step.skipped}" if step.skipped else "")
+        describe_plan([step])
         started = time.monotonic()
         result = run_step(spark, config, step)
         if not step.skipped and isinstance(result, dict):
