@@ -29,6 +29,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from kdq.tables import WINDOW_COUNTS
+
 log = logging.getLogger(__name__)
 # Where the page finds the SQL endpoint in a deployment (compose: sc://sql-endpoint:15002); unset locally.
 ENDPOINT_URL_ENV = "KDQ_SQL_ENDPOINT_URL"
@@ -221,8 +223,12 @@ def _writers_json() -> dict:
 def _generation(config: Any) -> tuple:
     """The fingerprint of what the page's statements would return (see :mod:`kdq.quality_cache`), from files.
 
-    Tables on this machine: the modification time of each table's ``_delta_log`` folder, which every commit
-    (a new ``N.json`` renamed into it) moves, whoever the writer. Tables on object storage: the stream's
+    Tables on this machine: the modification time of the ``_delta_log`` folder of each table the counts (the
+    statement of every round) read, :data:`COUNTS_TABLES`, which every commit (a new ``N.json`` renamed into it)
+    moves, whoever the writer. The other tables' commits (the stream's archive, reasons and summaries, each
+    micro-batch) move nothing: the slow statements that read them are asked again by age
+    (:data:`SLOW_STATEMENTS`), and a round after each of those commits tripled the endpoint's page load
+    (three renewals per micro-batch instead of one). Tables on object storage: the stream's
     progress log, which grows after every micro-batch, and the writers journal, which every batch job
     appends to when it ends. Both: the endpoint's address and whether its process lives (no port probe: the
     Thrift server would log every bare connection)."""
@@ -243,7 +249,7 @@ def _generation(config: Any) -> tuple:
     else:
         root = local_path(tables)
         try:
-            names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+            names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and entry.name in COUNTS_TABLES)
         except OSError:
             names = []
         changes = tuple((name, stamp(root / name / "_delta_log")) for name in names)
@@ -262,6 +268,8 @@ def _generation(config: Any) -> tuple:
 
 _cache: Any = None
 _cache_lock = threading.Lock()
+# The tables the page's counts read (kdq.quality_page.counts_sql): their commits make a round due.
+COUNTS_TABLES = frozenset({WINDOW_COUNTS.name})
 # The page's statements asked less often than the counts (kdq.quality_cache): the day's top reasons with their
 # latest samples (the costliest: it reads the day's raw archive), the recent corrections (rare) and the incidents
 # (the expectations run updates them once a minute).

@@ -99,3 +99,26 @@ def test_a_configured_endpoint_that_does_not_listen_is_reported_at_once(tmp_path
     monkeypatch.setenv(quality_app.ENDPOINT_URL_ENV, url)
     rows, error, source, _ = quality_app._rows(make_config(tmp_path), PageRange(now_ms=1_795_000_000_000))
     assert rows is None and source == url and error == f"the SQL endpoint {url} does not accept connections"
+
+
+def test_only_a_commit_the_counts_read_makes_a_round_due(tmp_path: Path, monkeypatch) -> None:
+    """The page asks its counts again when window_counts commits; the stream's other commits of each micro-batch
+    (archive, reasons, summaries) do not move the fingerprint (their statements are renewed by age)."""
+    from tests.conftest import make_config
+
+    if str(PROJECT_ROOT / "plugins") not in sys.path:
+        monkeypatch.syspath_prepend(str(PROJECT_ROOT / "plugins"))
+    from kdq_airflow import quality_app
+
+    monkeypatch.setenv(quality_app.ENDPOINT_URL_ENV, "sc://sql-endpoint:15002")
+    config = make_config(tmp_path)
+    logs = {name: tmp_path / "delta" / name / "_delta_log" for name in ("window_counts", "raw_archive", "summaries")}
+    for folder in logs.values():
+        folder.mkdir(parents=True)
+    first = quality_app._generation(config)
+    for step, name in enumerate(("raw_archive", "summaries"), start=1):
+        (logs[name] / f"{step:020d}.json").write_text("{}")
+        assert quality_app._generation(config) == first, name
+    (logs["window_counts"] / f"{1:020d}.json").write_text("{}")
+    os.utime(logs["window_counts"], ns=(1, 1))  # a different mtime even on a coarse clock
+    assert quality_app._generation(config) != first
