@@ -446,17 +446,29 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 
 _MAINTENANCE_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO kdq\.maintenance: maintenance: ([^\"\n]*)")
+# The plan task logs the same lines through Airflow's own JSON task log (no Spark job output around them).
+_PLAN_LINE = re.compile(r'"timestamp":"(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)\.(\d{3})\d*Z","level":"info",'
+                        r'"event":"maintenance: ([^"\n]*)","logger":"kdq\.maintenance"')
 
 
 def maintenance_steps(log_texts: Sequence[str]) -> list[dict[str, Any]]:
     """The maintenance job's steps as its task logs show them (the job logs each step as it begins), in order: the
     step, whether the plan skipped it, and the seconds until the next step began (None for the last one, which
-    may still run): where a long maintenance run goes."""
+    may still run): where a long maintenance run goes. With no Spark job (its plan task found nothing to do), the
+    plan task's steps, each marked ``plan``."""
     begun: list[tuple[datetime, str]] = []
+    planned: list[tuple[datetime, str]] = []
     for text in log_texts:
         for stamp, millis, step in _MAINTENANCE_LINE.findall(text):
             at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(microsecond=int(millis) * 1000)
             begun.append((at, step.strip()))
+        for day, clock, millis, step in _PLAN_LINE.findall(text):
+            at = datetime.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S").replace(microsecond=int(millis) * 1000)
+            planned.append((at, step.strip()))
+    if not begun:
+        planned.sort(key=lambda b: b[0])
+        return [{"step": what, "skipped": why or None, "at": at.strftime("%H:%M:%S"), "seconds": None, "plan": True}
+                for at, (what, _, why) in ((at, step.partition(" skipped: ")) for at, step in planned)]
     begun.sort(key=lambda b: b[0])
     out = []
     for i, (at, step) in enumerate(begun):
@@ -470,6 +482,10 @@ def maintenance_steps(log_texts: Sequence[str]) -> list[dict[str, Any]]:
 def maintenance_section(steps: Sequence[Mapping[str, Any]] | None) -> str:
     if not steps:
         return ""
+    if all(s.get("plan") for s in steps):
+        todo = [s for s in steps if not s["skipped"]]
+        return (f"\nThe maintenance's plan task (no Spark) found {len(todo)} of {len(steps)} steps to run"
+                + (": no Spark job.\n" if not todo else ":\n\n" + "\n".join(f"  * {s['step']}" for s in todo) + "\n"))
     ran = [s for s in steps if not s["skipped"]]
     lines = [f"  * {s['at']} {s['step']}: " + (f"{s['seconds']} s" if s["seconds"] is not None else "until the end")
              for s in ran]

@@ -287,3 +287,21 @@ def test_the_maintenance_steps_from_its_task_log() -> None:
     assert "  * 05:38:11 VACUUM raw_archive FULL RETAIN 168 HOURS: 150.2 s" in section
     assert "  * 05:40:41 VACUUM window_counts FULL RETAIN 168 HOURS: until the end" in section
     assert maintenance_steps([]) == [] and maintenance_section([]) == ""
+
+
+def test_the_maintenance_plan_task_alone() -> None:
+    """No Spark job ran (the plan task found nothing to do): its steps, read from Airflow's JSON lines."""
+    from benchmarks.local_run import maintenance_section, maintenance_steps
+
+    def line(stamp: str, step: str) -> str:
+        return ('{"timestamp":"' + stamp + '","level":"info","event":"maintenance: ' + step
+                + '","logger":"kdq.maintenance","ti_id":"x","task_id":"plan"}\n')
+
+    log = (line("2026-11-29T16:14:49.334323Z", "VACUUM incidents FULL RETAIN 168 HOURS skipped: the table is younger")
+           + line("2026-11-29T16:14:49.100000Z", "OPTIMIZE raw_archive skipped: no closed partition"))
+    steps = maintenance_steps([log])
+    assert [(s["step"], s["skipped"], s["at"], s["plan"]) for s in steps] == [
+        ("OPTIMIZE raw_archive", "no closed partition", "16:14:49", True),
+        ("VACUUM incidents FULL RETAIN 168 HOURS", "the table is younger", "16:14:49", True),
+    ]
+    assert maintenance_section(steps) == "\nThe maintenance's plan task (no Spark) found 0 of 2 steps to run: no Spark job.\n"
