@@ -55,6 +55,11 @@ class TableMissing(LookupError):
     """The table has no Delta log yet (a deployment whose jobs have not created it)."""
 
 
+class LogUnreadable(RuntimeError):
+    """delta-rs could not read the table's log (a protocol feature it does not support, one a newer Delta enabled;
+    or its own error reaching the storage): read it with Spark, whose error, if any, is the one to report."""
+
+
 def partition_key_column(spec: Any) -> str:
     """The one partition column the plan keys ``spec``'s partitions by (:data:`WINDOW_HOUR` for the pair)."""
     from kdq.tables import WINDOW_PARTITIONS
@@ -124,15 +129,23 @@ def _partition_key(column: str, values: dict[str, list]) -> list[str | None]:
 def table_state(config: Any, spec: Any, files: bool = True) -> TableState:
     """:class:`TableState` of ``spec``'s table from its Delta log, read by delta-rs (:func:`readable` first).
     ``files``: read the snapshot's file list (only for a partitioned table the plan compacts or retires from).
-    Raises :class:`TableMissing` when the table has no log yet."""
-    import pyarrow as pa
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+    Raises :class:`TableMissing` when the table has no log yet, :class:`LogUnreadable` on any other error of
+    delta-rs's."""
+    from deltalake.exceptions import DeltaError, TableNotFoundError
 
     try:
-        table = DeltaTable(log_uri(config, spec), storage_options=storage_options(config) or None)
+        return _table_state(config, spec, files)
     except TableNotFoundError as exc:
         raise TableMissing(f"{spec.name}: no Delta table at {storage.table_location(config, spec.name)}") from exc
+    except DeltaError as exc:  # delta-rs reports an unsupported table feature as a generic DeltaError ("Unsupported")
+        raise LogUnreadable(f"{spec.name}: delta-rs cannot read this table's log: {str(exc)[:300]}") from exc
+
+
+def _table_state(config: Any, spec: Any, files: bool) -> TableState:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    table = DeltaTable(log_uri(config, spec), storage_options=storage_options(config) or None)
     partitions: frozenset[str] = frozenset()
     compactable: frozenset[str] = frozenset()
     if files and spec.partitioned_by:

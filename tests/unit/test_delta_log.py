@@ -48,3 +48,27 @@ def test_other_storage_is_left_to_spark(tmp_path: Path) -> None:
 def test_the_window_tables_are_keyed_by_hour_and_the_archive_by_its_column() -> None:
     assert delta_log.partition_key_column(WINDOW_COUNTS) == delta_log.partition_key_column(SUMMARIES) == "window_hour"
     assert delta_log.partition_key_column(RAW_ARCHIVE) == "event_hour"
+
+
+def test_a_table_delta_rs_cannot_read_is_left_to_spark_and_a_missing_one_to_the_job(tmp_path: Path) -> None:
+    """A reader feature delta-rs does not know (one a newer Delta enabled) is LogUnreadable, which the maintenance
+    answers by reading the log with Spark; a table with no log is TableMissing (the job creates it)."""
+    import json
+
+    import pytest
+
+    config = make_config(tmp_path)
+    with pytest.raises(delta_log.TableMissing, match="window_counts"):
+        delta_log.table_state(config, WINDOW_COUNTS)
+    folder = tmp_path / "delta" / "window_counts" / "_delta_log"
+    folder.mkdir(parents=True)
+    schema = json.dumps({"type": "struct", "fields": [{"name": "topic", "type": "string", "nullable": True, "metadata": {}}]})
+    actions = [
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["kdqFutureFeature"],
+                      "writerFeatures": ["kdqFutureFeature"]}},
+        {"metaData": {"id": "00000000-0000-0000-0000-000000000001", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": schema, "partitionColumns": [], "configuration": {}, "createdTime": 1}},
+    ]
+    (folder / f"{0:020d}.json").write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+    with pytest.raises(delta_log.LogUnreadable, match="window_counts"):
+        delta_log.table_state(config, WINDOW_COUNTS)

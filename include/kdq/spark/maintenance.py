@@ -259,7 +259,10 @@ def table_state(spark: Any, config: Any, spec: Any, files: bool = True) -> Table
     from kdq import delta_log
 
     if readable(config):
-        return delta_log.table_state(config, spec, files)
+        try:
+            return delta_log.table_state(config, spec, files)
+        except delta_log.LogUnreadable as exc:
+            log.warning("%s; reading it with Spark", exc)
     return _spark_table_state(spark, config, spec, files)
 
 
@@ -324,6 +327,9 @@ def plan_from_log(
         tables = {spec.name: delta_log.table_state(config, spec, files=spec.name in planned) for spec in ALL_TABLES}
     except TableMissing as exc:
         log.info("maintenance plan: %s; the job plans after creating it", exc)
+        return None
+    except delta_log.LogUnreadable as exc:
+        log.info("maintenance plan: %s; the Spark job plans", exc)
         return None
     return maintenance_plan(config, today, archive_retention_days, vacuum_retain_hours, tables, now_ms)
 
