@@ -321,10 +321,11 @@ def plan_from_log(
     from kdq import delta_log
 
     if not readable(config):
+        log.info("maintenance plan: delta-rs does not read this storage here")
         return None
-    planned = _PLANNED_FROM_FILES
     try:
-        tables = {spec.name: delta_log.table_state(config, spec, files=spec.name in planned) for spec in ALL_TABLES}
+        tables = {spec.name: delta_log.table_state(config, spec, files=spec.name in _PLANNED_FROM_FILES)
+                  for spec in ALL_TABLES}
     except TableMissing as exc:
         log.info("maintenance plan: %s; the job plans after creating it", exc)
         return None
@@ -351,7 +352,7 @@ def maintenance_has_work(config: Any, archive_retention_days: int, vacuum_retain
     started = time.monotonic()
     steps = plan_from_log(config, archive_retention_days, vacuum_retain_hours, today, now)
     if steps is None:
-        log.info("maintenance plan: the tables' logs are not readable without Spark here; the Spark job plans")
+        log.info("maintenance plan: not decided without Spark (above); the Spark job plans")
         return True
     describe_plan(steps)
     work = [step for step in steps if not step.skipped]
