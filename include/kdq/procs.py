@@ -27,7 +27,7 @@ import psutil
 # priority (INTERACTIVE_NICENESS); everything else the stack starts (the broker, InfluxDB, Airflow with the stream it
 # supervises, a standalone Spark cluster, the demo traffic) runs at SERVICE_NICENESS and still gets every cycle
 # the endpoint leaves: a query takes a core for a fraction of a second, the stream catches up after it. The batch
-# jobs go lower again (kdq.spark.submit.priority_prefix: nice +10 relative to the Airflow that submits them).
+# jobs go lower again (kdq.spark.submit.priority_prefix: the idle class, nice +10, a session of their own at 19).
 # Measured beside make run's stream and demo (Connect, median of ~20 queries each): everything at 0: 1.10 s;
 # the broker, InfluxDB, Airflow and the demo at 10: 0.77 s; the stream too: 0.61 s.
 SERVICE_NICENESS = 10

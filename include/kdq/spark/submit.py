@@ -64,6 +64,10 @@ BATCH_NICENESS = 10  # relative: the local stack's Airflow already runs at kdq.p
 # Batch jobs someone waits for within the minute: the expectations run (an incident opens within a minute of its
 # records) stays out of the idle class, which on a saturated machine could hold it for minutes; nice only.
 PROMPT_BATCH_JOBS = frozenset({"evaluate_expectations"})
+# The batch jobs' own session (kdq.background_session): niceness 19 is CFS weight 15, against the stream's session's
+# 110 (kdq.procs.SERVICE_NICENESS) and the SQL endpoint's 1024; a job still gets every cycle they leave.
+BATCH_SESSION_NICENESS = 19
+BACKGROUND_SESSION = Path(__file__).resolve().parents[1] / "background_session.py"
 
 
 def cores_max(config: Config, job: str) -> int:
@@ -89,22 +93,27 @@ def priority_prefix(job: str) -> list[str]:
     """What the spark-submit command line of ``job`` starts with: for a batch job (every job but
     :data:`LONG_RUNNING_JOBS`) ``chrt --idle 0`` (Linux's SCHED_IDLE class: CPU time only when no other process
     wants it) and ``nice -n 10`` (which also lowers its I/O priority, and is what remains where there is no
-    ``chrt``), so it runs below the stream and the SQL endpoint; else nothing.
+    ``chrt``), so it runs below the stream and the SQL endpoint; else nothing. On Linux a batch job also runs in a
+    session of its own at niceness :data:`BATCH_SESSION_NICENESS` (:mod:`kdq.background_session`).
 
     Why SCHED_IDLE and not nice alone: nice +9 below the stream still gives a CPU-bound batch job about an eighth of
     a core the stream wants (CFS weights 110 against 15); with the daily jobs running, the stream's p99 produce ->
     visible was 1.39x its quiet figure (benchmarks/results/local_run.md). An idle-class job uses the cycles the
     stream and the endpoint leave, which under `make run` is a fifth of the machine or more. The expectations run
-    (:data:`PROMPT_BATCH_JOBS`) gets ``nice`` only: an incident is due within a minute."""
+    (:data:`PROMPT_BATCH_JOBS`) gets ``nice`` only: an incident is due within a minute.
+
+    Why a session of its own: with Linux's autogroup the kernel shares the CPU between sessions before the idle
+    class applies, so an idle-class job in Airflow's session made that session compete with the stream's as an
+    equal (the module doc of :mod:`kdq.background_session`). The expectations run stays in its starter's session:
+    at the batch session's weight it would wait on a busy stream, and its incident is due within the minute."""
     if job in LONG_RUNNING_JOBS:
         return []
-    # The job stays in its starter's session: with Linux's autogroup, a session of its own at a low autogroup
-    # weight (tried in 0df0dc6, taken back) would get 15/1039 of a core whenever another session is busy (the
-    # stream's), and a killpg of the Airflow task that started it would miss it. docs/operations.md "CPU priorities".
     idle = job not in PROMPT_BATCH_JOBS and sys.platform.startswith("linux") and shutil.which("chrt")
     prefix = ["chrt", "--idle", "0"] if idle else []
     if shutil.which("nice"):
         prefix += ["nice", "-n", str(BATCH_NICENESS)]
+    if idle:
+        prefix += [sys.executable, str(BACKGROUND_SESSION), str(BATCH_SESSION_NICENESS)]
     return prefix
 
 
