@@ -12,7 +12,10 @@ loopback ports, so a user's own ``make run`` is never touched. Once the stream's
   stream's data so far) are triggered through Airflow's REST API; ``--minutes`` again, longer while those runs
   have not ended (at most ``--job-wait-minutes`` more). Their states and durations are recorded.
 
-In each phase, one probe every ``--interval`` seconds, in turn (the page every other probe):
+In each phase, one probe per ``--interval`` seconds on average (the page every other probe, the three SQL probes
+in a random order each cycle), each at a random moment of its slot (seeded): the product's own periodic work (the expectations run every 15 s, the stream's
+micro-batches) would otherwise meet each probe kind at the same phase throughout a run. On a fixed 5-second grid
+every JDBC query met the expectations run's read (0.47 cores in the 5 s before it) and no Connect query did (0.19).
 
 * the data-quality page, ``GET /kdq/quality`` with the admin's bearer token: *first paint* is the time to the
   whole HTML (``data-field="as-of"`` in it); *numbers* the time from the same start until a response carries
@@ -42,6 +45,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -815,11 +819,13 @@ def run_phase(
     tick: Callable[[], bool] | None = None,
     extend_s: float = 0.0,
 ) -> dict[str, Any]:
-    """Probe in turn every ``interval`` s for ``seconds``; ``tick`` (called each round) returning False keeps the
-    phase going past ``seconds`` for at most ``extend_s`` more."""
+    """Probe in turn, one per ``interval`` s at a random moment of its slot (the module doc), for ``seconds``;
+    ``tick`` (called each round) returning False keeps the phase going past ``seconds`` for at most ``extend_s``
+    more."""
     start_ms = int(time.time() * 1000)
     started = time.monotonic()
     cpu_before = process_cpu()
+    jitter = random.Random(f"{name}-{seconds}")  # seeded: a re-run probes at the same moments
     samples, loads = [], []
     i = 0
     while True:
@@ -827,14 +833,17 @@ def run_phase(
         done = tick() if tick is not None else True
         if elapsed >= seconds and (done or elapsed >= seconds + extend_s):
             break
-        kind = ROTATION[i % len(ROTATION)]
+        if i % len(ROTATION) == 0:  # each cycle its own order of the queries (the page stays every other probe)
+            queries = jitter.sample([k for k in ROTATION if k != "page"], k=3)
+            cycle = [k if k == "page" else queries.pop() for k in ROTATION]
+        kind = cycle[i % len(ROTATION)]
         loads.append(load.sample())
         sample = getattr(probes, kind)()
         samples.append(sample)
         shown = {k: v for k, v in sample.items() if k not in ("t_ms", "kind")}
         _say(t0, f"{name} {kind}: {shown}; load {loads[-1]['load_1m']}, cpu {loads[-1]['cpu_busy_percent']} %")
         i += 1
-        next_at = started + i * interval
+        next_at = started + (i + jitter.uniform(-0.5, 0.5)) * interval
         time.sleep(max(0.0, next_at - time.monotonic()))
     cores = cores_by_role(cpu_before, process_cpu(), time.monotonic() - started, os.sysconf("SC_CLK_TCK"))
     return {"start_ms": start_ms, "end_ms": int(time.time() * 1000), "samples": samples, "loads": loads,

@@ -18,17 +18,26 @@ in the caller's group and session, passes SIGINT, SIGTERM, SIGHUP and SIGQUIT on
 that group when the job's leader has exited, and exits with the job's status; if it is killed itself (SIGKILL), the
 kernel kills the job's leader (``PR_SET_PDEATHSIG``), as SparkSubmitHook's ``on_kill`` killed spark-submit before.
 
+A job that loses a race to the stream raises its session to the stream's weight until it commits
+(:func:`session_priority_at_least`, used by ``kdq.spark.writers.retry_on_conflict``): a Delta commit conflicts when
+another writer commits to the same partitions while it runs, and at weight 15 a correction MERGE into the stream's
+open hour took 20-30 s per attempt against the stream's commit every ~10 s, so all five attempts lost
+(``benchmarks.local_run``). Any member of a session may set its autogroup's niceness to any value from 0 to 19.
+
 Standard library only: it runs as a script (its file path), before anything else of kdq is importable or needed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -92,6 +101,42 @@ def _end_group(pgid: int, grace: float = 5.0) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def session_niceness() -> int | None:
+    """This process's session's autogroup niceness (None: no autogroup here)."""
+    try:
+        with open("/proc/self/autogroup") as autogroup:  # "/autogroup-123 nice 19"
+            return int(autogroup.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _set_session_niceness(niceness: int, tries: int = 20) -> bool:
+    for _ in range(tries):
+        try:
+            with open("/proc/self/autogroup", "w") as autogroup:
+                autogroup.write(f"{niceness}\n")
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN:  # EAGAIN: the kernel takes one change per 100 ms from unprivileged users
+                return False
+            time.sleep(0.1)
+    return False
+
+
+@contextmanager
+def session_priority_at_least(niceness: int) -> Iterator[bool]:
+    """Within the block, this process's session runs at ``niceness`` if it runs lower (a batch job's session at
+    19 raised to the stream's 10), and back where it was after; yields whether it was raised. A session at
+    ``niceness`` or above it (the stream's, the SQL endpoint's, a terminal's) is left alone."""
+    before = session_niceness()
+    raised = before is not None and before > niceness >= 0 and _set_session_niceness(niceness)
+    try:
+        yield raised
+    finally:
+        if raised:
+            _set_session_niceness(before)
 
 
 def main(argv: list[str]) -> int:

@@ -104,3 +104,31 @@ def test_the_jobs_exit_status_is_the_wrappers() -> None:
 def test_a_bad_command_line_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["spark-submit"]) == 2 and main(["low", "spark-submit"]) == 2
     assert "usage" in capsys.readouterr().err
+
+
+AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+@pytest.mark.skipif(not AUTOGROUP.exists() or AUTOGROUP.read_text().strip() != "1",
+                    reason="Linux autogroup is off on this machine: there is no session weight to raise")
+def test_a_conflicting_write_retries_at_the_streams_weight() -> None:
+    """A batch job (in its session at 19) whose Delta write lost a race retries at the stream's weight (10), and
+    runs at 19 again once it committed; a session already at 10 or above is left alone."""
+    probe = (
+        "from kdq.background_session import session_niceness, session_priority_at_least\n"
+        "from kdq.spark.writers import retry_on_conflict\n"
+        "seen = []\n"
+        "def write():\n"
+        "    seen.append(session_niceness())\n"
+        "    if len(seen) < 3:\n"
+        "        raise RuntimeError('ConcurrentAppendException: a concurrent MERGE added data')\n"
+        "    return 'committed'\n"
+        "import kdq.spark.writers as w; w.time.sleep = lambda s: None\n"
+        "print(retry_on_conflict(write, 'test write'), seen, session_niceness())\n"
+        "with session_priority_at_least(19) as raised:\n"
+        "    print(raised, session_niceness())\n"
+    )
+    out = subprocess.run([sys.executable, str(WRAPPER), "19", sys.executable, "-c", probe], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["committed [19, 10, 10] 19", "False 19"], out.stdout

@@ -305,3 +305,26 @@ def test_the_maintenance_plan_task_alone() -> None:
         ("VACUUM incidents FULL RETAIN 168 HOURS", "the table is younger", "16:14:49", True),
     ]
     assert maintenance_section(steps) == "\nThe maintenance's plan task (no Spark) found 0 of 2 steps to run: no Spark job.\n"
+
+
+def test_each_probe_cycle_asks_every_door_once_in_its_own_order() -> None:
+    """The page every other probe; the three SQL probes once per cycle in an order that changes between cycles, so
+    that no door always meets the same moment of the product's periodic work (the expectations run every 15 s)."""
+    from benchmarks.local_run import ROTATION, run_phase
+
+    asked: list[str] = []
+
+    class Probes:
+        def __getattr__(self, kind: str):
+            return lambda: asked.append(kind) or {"kind": kind}
+
+    class Load:
+        def sample(self) -> dict:
+            return {"load_1m": 0.0, "cpu_busy_percent": 0.0}
+
+    run_phase(Probes(), Load(), seconds=0.6, interval=0.01, t0=0.0, name="test")
+    cycles = [asked[i:i + len(ROTATION)] for i in range(0, len(asked) - len(ROTATION) + 1, len(ROTATION))]
+    assert len(cycles) >= 8, asked
+    assert all(cycle[::2] == ["page"] * 3 for cycle in cycles)
+    assert all(sorted(cycle[1::2]) == ["connect", "jdbc", "kdq_sql"] for cycle in cycles)
+    assert len({tuple(cycle[1::2]) for cycle in cycles}) > 1  # not one fixed order

@@ -19,13 +19,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TypeVar
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from kdq.background_session import session_priority_at_least
 from kdq.config import Config
+from kdq.procs import SERVICE_NICENESS
 from kdq.spark.tables import table_path
 from kdq.spark.transforms import reason_differences, window_partition_columns
 from kdq.sql_literals import date_literal, timestamp_literal
@@ -80,8 +82,15 @@ def retry_on_conflict(
     when a compare-and-set found its read outdated (only useful when ``action`` reads again); False
     raises that at once, for a caller that starts over itself."""
     for attempt in range(1, attempts + 1):
+        # A batch job whose session runs at a low CPU weight (kdq.background_session) lost this race because its
+        # commit took longer than the stream's interval between commits; it retries at the stream's weight.
+        raise_priority = session_priority_at_least(SERVICE_NICENESS) if attempt > 1 else nullcontext(False)
         try:
-            return action()
+            with raise_priority as raised:
+                if raised:
+                    log.info("%s: attempt %d at the stream's CPU weight (session niceness %d)", what, attempt,
+                             SERVICE_NICENESS)
+                return action()
         except Exception as exc:  # py4j surfaces Delta's conflict exceptions generically
             if attempt == attempts or not is_conflict(exc) or (not stale_reads and is_stale_read(exc)):
                 raise
