@@ -427,8 +427,9 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"(code {code.get('commit', '?')}{', uncommitted changes' if code.get('dirty') else ''}). The product as "
         "`make run` starts it (the project's kdq.toml, a private data folder, free loopback ports), demo traffic "
         f"`kdq demo {result.get('parameters', {}).get('demo_args', '')}`. First counts "
-        f"{_s(startup.get('first_counts_seconds'))} after the start; one probe every "
-        f"{result.get('parameters', {}).get('interval_seconds')} s per phase.\n\n"
+        f"{_s(startup.get('first_counts_seconds'))} after the start; one probe per "
+        f"{result.get('parameters', {}).get('interval_seconds')} s per phase, at a random moment of its slot, the SQL "
+        "doors in a random order each cycle.\n\n"
         f"{table}\n"
         "The page's numbers: "
         + (
