@@ -67,7 +67,8 @@ def test_the_job_runs_in_a_session_of_its_own_at_the_given_weight(tmp_path: Path
     cleanup += [wrapper.pid, job, grandchild]
     assert os.getsid(job) == job != os.getsid(wrapper.pid)  # a new session, led by the job
     assert os.getpgid(grandchild) == job  # the job's whole tree is in its group
-    if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+    enabled = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if enabled.exists() and enabled.read_text().strip() == "1":  # else no weight to check: processes' niceness rules
         assert Path(f"/proc/{job}/autogroup").read_text().split()[-1] == "19"
         assert Path(f"/proc/{wrapper.pid}/autogroup").read_text() != Path(f"/proc/{job}/autogroup").read_text()
     wrapper.kill()
@@ -106,11 +107,6 @@ def test_a_bad_command_line_is_refused(capsys: pytest.CaptureFixture[str]) -> No
     assert "usage" in capsys.readouterr().err
 
 
-AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
-
-
-@pytest.mark.skipif(not AUTOGROUP.exists() or AUTOGROUP.read_text().strip() != "1",
-                    reason="Linux autogroup is off on this machine: there is no session weight to raise")
 def test_a_conflicting_write_retries_at_the_streams_weight() -> None:
     """A batch job (in its session at 19) whose Delta write lost a race retries at the stream's weight (10), and
     runs at 19 again once it committed; a session already at 10 or above is left alone."""
@@ -131,4 +127,7 @@ def test_a_conflicting_write_retries_at_the_streams_weight() -> None:
     out = subprocess.run([sys.executable, str(WRAPPER), "19", sys.executable, "-c", probe], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split("\n")[:2] == ["committed [19, 10, 10] 19", "False 19"], out.stdout
+    if Path("/proc/self/autogroup").exists():  # Linux built with autogroup (Debian's kernels are)
+        assert out.stdout.split("\n")[:2] == ["committed [19, 10, 10] 19", "False 19"], out.stdout
+    else:  # no session weight to raise: the retries run as the first attempt did
+        assert out.stdout.split("\n")[:2] == ["committed [None, None, None] None", "False None"], out.stdout
