@@ -112,13 +112,10 @@ def session_niceness() -> int | None:
         return None
 
 
-def set_session_niceness(niceness: int, pid: int | str = "self", tries: int = 20) -> bool:
-    """Give the session that ``pid`` leads (default: this process's session) the CPU weight of ``niceness`` among
-    sessions (its autogroup's niceness; raising it needs no privilege). Returns whether it was set (False: no
-    autogroup here, the process is gone, or lowering it was refused)."""
+def _set_session_niceness(niceness: int, tries: int = 20) -> bool:
     for _ in range(tries):
         try:
-            with open(f"/proc/{pid}/autogroup", "w") as autogroup:
+            with open("/proc/self/autogroup", "w") as autogroup:
                 autogroup.write(f"{niceness}\n")
             return True
         except OSError as exc:
@@ -134,12 +131,12 @@ def session_priority_at_least(niceness: int) -> Iterator[bool]:
     19 raised to the stream's 10), and back where it was after; yields whether it was raised. A session at
     ``niceness`` or above it (the stream's, the SQL endpoint's, a terminal's) is left alone."""
     before = session_niceness()
-    raised = before is not None and before > niceness >= 0 and set_session_niceness(niceness)
+    raised = before is not None and before > niceness >= 0 and _set_session_niceness(niceness)
     try:
         yield raised
     finally:
         if raised:
-            set_session_niceness(before)
+            _set_session_niceness(before)
 
 
 def main(argv: list[str]) -> int:

@@ -21,8 +21,6 @@ from pathlib import Path
 
 import psutil
 
-from kdq import background_session
-
 # CPU priority of the local stack's processes. On the 2-core machine `make run` keeps both cores 85-95 % busy
 # (benchmarks/results/local_run.md); at equal priority a query on the SQL endpoint waited for the stream, the broker
 # and Airflow, and a day's GROUP BY took 1.05-1.8 s (median). The endpoint answers people, so it keeps the default
@@ -59,7 +57,11 @@ def set_session_niceness(pid: int, niceness: int) -> bool:
     stream at 0.8 cores, where the same query took 0.6 s with the stream niced in one session). Raising an
     autogroup's niceness needs no privilege. Returns whether it was set (False: no autogroup here, or the process
     is gone); the processes' own niceness still orders them when autogroup is off."""
-    return background_session.set_session_niceness(niceness, pid)
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
+    except OSError:
+        return False
+    return True
 
 
 def is_marked(cmdline: Sequence[str], marker: str) -> bool:
