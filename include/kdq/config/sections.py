@@ -201,7 +201,7 @@ class SparkConfig(Section):
     sql_endpoint_cores_max: int = Field(default=0, ge=0, description="the same for the SQL endpoint's application")
     sql_endpoint_refresh_seconds: float = Field(
         default=1.0, ge=0,
-        description="how often the SQL endpoint looks for new commits of window_counts and, while clients query, "
+        description="while clients query the SQL endpoint, how often it looks for a new commit of window_counts and "
         "brings its snapshot up to date, so that the first query after a stream commit does not pay for it (0: off)",
     )
 

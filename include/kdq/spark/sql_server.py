@@ -78,7 +78,7 @@ class SnapshotRefresher:
     table's state rebuilt (Spark jobs over the checkpoint and the commits since), which every later query of that
     version reuses (one cache per table in the JVM, shared by every session of both doors). Beside ``make run``'s
     stream (a commit every ~10 s) that was half the time of a day's GROUP BY over JDBC: median 1.08 s for the
-    queries that paid it against 0.51 s for those that did not (24 of 83), and whichever door came first after a
+    queries that paid it against 0.51 s for those that did not (24 of 88), and whichever door came first after a
     commit paid (benchmarks/PERF_NOTES.md, issue 25, fourteenth pass).
 
     So a thread looks at the table's latest version every ``interval`` seconds (a listing of its ``_delta_log``, no
