@@ -37,11 +37,12 @@ APP_NAME = "kdq-sql-endpoint"
 def session_conf(config: Config) -> dict[str, str]:
     """The endpoint's own session settings over kdq's: the read-only rule (``io.kdq.spark.sqlendpoint.ReadOnlyExtension``)
     after Delta's extension, and Spark Connect's read-only interceptor; the same as on the spark-submit command of
-    kdq.stack.sql_endpoint, whose ``spark.sql.extensions`` the session factory's own would otherwise replace."""
+    kdq.stack.sql_endpoint, whose ``spark.sql.extensions`` the session factory's own would otherwise replace; and the
+    client sessions' small-query defaults, which the Thrift server copies from this session into every statement."""
     from kdq.spark.session import spark_conf
-    from kdq.stack.sql_endpoint import read_only_conf
+    from kdq.stack.sql_endpoint import CLIENT_SESSION_DEFAULTS, read_only_conf
 
-    return read_only_conf(spark_conf(config, APP_NAME))
+    return {**read_only_conf(spark_conf(config, APP_NAME)), **CLIENT_SESSION_DEFAULTS}
 
 
 def run(spark, config: Config, args: argparse.Namespace) -> EndpointReport:

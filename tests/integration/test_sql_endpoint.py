@@ -135,6 +135,11 @@ def test_counts_over_spark_connect_jdbc_and_kdq_sql(spark, endpoint: LocalSqlEnd
         merge_window_increments(spark, late, config, app, version)
         expected[1][2] += 1
         assert _connect(endpoint.connect_url, per_window) == expected
+    # Both doors' sessions start with the small-query defaults (kdq.stack.sql_endpoint.CLIENT_SESSION_DEFAULTS):
+    # JDBC statements take the Thrift server's copy of the endpoint's own session settings, not the command line's.
+    setting = "SET spark.sql.shuffle.partitions"
+    assert _connect(endpoint.connect_url, setting) == [["spark.sql.shuffle.partitions", "1"]]
+    assert _beeline(endpoint.jdbc_url, setting) == [{"key": "spark.sql.shuffle.partitions", "value": "1"}]
     # Views are registered too (and shared by every client session).
     tables = _connect(endpoint.connect_url, "SHOW TABLES IN kdq")
     assert {"window_counts", "raw_archive", "corrections", "invalid_reason_counts"} <= {t[1] for t in tables}

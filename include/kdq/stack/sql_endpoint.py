@@ -21,6 +21,20 @@ from kdq.procs import INTERACTIVE_NICENESS, ManagedProcess, StackError, port_ope
 # Loopback only: locally there is no authentication unless KDQ_SQL_PASSWORD is set (anyone on this
 # machine may read the counts, as they may read the Delta files); set, it is required on JDBC and Spark Connect. Each JDBC/Connect client gets its own session of the one driver
 # (singleSession false): SET and temporary views stay per client, tables and views are shared.
+# Every client session's defaults: small queries. A day's GROUP BY over window_counts ran 5 Spark jobs with
+# adaptive execution and kdq's 4 shuffle partitions (9-10 when the stream had committed since the last query:
+# Delta's log replay runs under the same settings), 2 (4) without it and with one partition: no re-planning
+# stage per shuffle, no sampling job for an ORDER BY's range partitioning. Median of 30 interleaved queries in one
+# driver beside the stream: 0.58 s → 0.42 s (two partitions: 0.38 s, within the noise, one job more); the
+# endpoint's figures are in benchmarks/results/sql_endpoint_with_stream.md. A client may SET them back.
+# They go on the command line (Spark Connect's sessions start from the SparkConf) and into the endpoint's own
+# session (spark_jobs/sql_endpoint.session_conf): the Thrift server copies that session's settings into every
+# JDBC statement, which ran with kdq's 4 partitions, one job more than Connect, while only the command line had them.
+CLIENT_SESSION_DEFAULTS = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.shuffle.partitions": "1",
+}
+
 ENDPOINT_CONF = {
     # HiveServer2 reads its settings from the Hadoop conf the session builds (spark.hadoop.*).
     "spark.hadoop.hive.server2.transport.mode": "binary",
@@ -29,14 +43,7 @@ ENDPOINT_CONF = {
     # Thrift server copies its HiveConf, TLS keystore password and all, into each session); the read-only rule
     # refuses turning it back on.
     "spark.sql.variable.substitute": "false",
-    # Every client session's defaults: small queries. A day's GROUP BY over window_counts ran 5 Spark jobs with
-    # adaptive execution and kdq's 4 shuffle partitions (9-10 when the stream had committed since the last query:
-    # Delta's log replay runs under the same settings), 2 (4) without it and with one partition: no re-planning
-    # stage per shuffle, no sampling job for an ORDER BY's range partitioning. Median of 30 interleaved queries in one
-    # driver beside the stream: 0.58 s → 0.42 s (two partitions: 0.38 s, within the noise, one job more); the
-    # endpoint's figures are in benchmarks/results/sql_endpoint_with_stream.md. A client may SET them back.
-    "spark.sql.adaptive.enabled": "false",
-    "spark.sql.shuffle.partitions": "1",
+    **CLIENT_SESSION_DEFAULTS,
 }
 
 # Set in the endpoint's environment, it turns on the Thrift server's password (user: KDQ_SQL_USER, read by
