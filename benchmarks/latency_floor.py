@@ -8,6 +8,8 @@ stream's Spark settings) over 4 topics × 3 partitions fed at ``--rate`` msgs/s 
 JSON (key = produce time in ms, as the benchmark's latency phase). Each micro-batch is classified as the speed
 layer does (``transforms.classify``) and then:
 
+* ``source``: no classification: the batch's rows counted per produce time and collected to the driver (Structured
+  Streaming's own floor: the Kafka source, a micro-batch, one job);
 * ``count``: its per-window counts collected to the driver (Structured Streaming + classification, no Delta);
 * ``merge``: the counts MERGEd into a ``window_counts`` table with the speed layer's own writer
   (``merge_window_increments``, its idempotent guard, the small-query session);
@@ -31,7 +33,7 @@ from benchmarks.__main__ import make_config
 from benchmarks.count_path_floor import floor_stack
 from benchmarks.measure import weighted_percentiles
 
-VARIANTS = ("count", "merge", "archive_merge")
+VARIANTS = ("source", "count", "merge", "archive_merge")
 
 
 def mean_ms(durations: list[float]) -> float:
@@ -88,6 +90,11 @@ def main(argv=None) -> int:
             def batch(df, batch_id: int) -> None:
                 started = time.time()
                 ingest = int(started * 1000)
+                if variant == "source":
+                    produced = F.col("key").cast("string").cast("bigint").alias("produced_ms")
+                    record(started, [r.asDict() for r in
+                                     df.groupBy("topic", produced).agg(F.count(F.lit(1)).alias("count")).collect()])
+                    return
                 classified = transforms.mark_late(transforms.classify(df, rules, stream, ingest), {}, stream)
                 keyed = classified.withColumn("produced_ms", F.col("key").cast("string").cast("bigint"))
                 group = ["topic", F.unix_millis("window_start").alias("window_start_ms"), "valid", "produced_ms"]
@@ -106,7 +113,7 @@ def main(argv=None) -> int:
                            for k, n in counted.items()]
                 else:
                     agg = [r.asDict() for r in keyed.groupBy(*group).agg(F.count(F.lit(1)).alias("count")).collect()]
-                if variant != "count":
+                if variant not in ("count", "source"):
                     windows: dict = {}
                     for r in agg:
                         k = (r["topic"], int(r["window_start_ms"]), "valid" if r["valid"] else "invalid")
@@ -114,6 +121,10 @@ def main(argv=None) -> int:
                     increments = [{"topic": t, "window_start_ms": w, "status": s, "count": n, "rules_version": "floor"}
                                   for (t, w, s), n in windows.items()]
                     merge_window_increments(small, increments, config, app_id, batch_id)
+                record(started, agg)
+
+            def record(started: float, agg: list[dict]) -> None:
+                """The batch is done: each counted record's produce → visible time, and the batch's duration."""
                 done = time.time()
                 with lock:
                     # Records produced during the warm-up (the first batches with data compile the classification
