@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("--trigger", type=float, default=0.5, help="processing-time trigger, seconds (0: as fast as possible)")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra option of the Kafka source, e.g. kafka.fetch.max.wait.ms=50")
     args = p.parse_args(argv)
 
     from pyspark.sql import Observation
@@ -137,7 +139,8 @@ def main(argv=None) -> int:
                         durations.append(done - started)
 
             query = (
-                spark.readStream.format("kafka").options(**config.spark_kafka_options())
+                spark.readStream.format("kafka")
+                .options(**config.spark_kafka_options(), **dict(item.split("=", 1) for item in args.kafka_option))
                 .option("subscribe", ",".join(topics)).option("startingOffsets", "earliest").load()
                 .coalesce(spark.sparkContext.defaultParallelism)
                 .writeStream.option("checkpointLocation", str(work / variant / "checkpoint"))

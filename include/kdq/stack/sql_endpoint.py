@@ -18,9 +18,6 @@ from pathlib import Path
 from kdq.config import Config
 from kdq.procs import INTERACTIVE_NICENESS, ManagedProcess, StackError, port_open, wait_until
 
-# Loopback only: locally there is no authentication unless KDQ_SQL_PASSWORD is set (anyone on this
-# machine may read the counts, as they may read the Delta files); set, it is required on JDBC and Spark Connect. Each JDBC/Connect client gets its own session of the one driver
-# (singleSession false): SET and temporary views stay per client, tables and views are shared.
 # Every client session's defaults: small queries. A day's GROUP BY over window_counts ran 5 Spark jobs with
 # adaptive execution and kdq's 4 shuffle partitions (9-10 when the stream had committed since the last query:
 # Delta's log replay runs under the same settings), 2 (4) without it and with one partition: no re-planning
@@ -35,6 +32,9 @@ CLIENT_SESSION_DEFAULTS = {
     "spark.sql.shuffle.partitions": "1",
 }
 
+# Loopback only: locally there is no authentication unless KDQ_SQL_PASSWORD is set (anyone on this
+# machine may read the counts, as they may read the Delta files); set, it is required on JDBC and Spark Connect. Each JDBC/Connect client gets its own session of the one driver
+# (singleSession false): SET and temporary views stay per client, tables and views are shared.
 ENDPOINT_CONF = {
     # HiveServer2 reads its settings from the Hadoop conf the session builds (spark.hadoop.*).
     "spark.hadoop.hive.server2.transport.mode": "binary",
