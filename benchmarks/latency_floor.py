@@ -93,9 +93,9 @@ def main(argv=None) -> int:
                 started = time.time()
                 ingest = int(started * 1000)
                 if variant == "source":
-                    produced = F.col("key").cast("string").cast("bigint").alias("produced_ms")
+                    produced_ms = F.col("key").cast("string").cast("bigint").alias("produced_ms")
                     record(started, [r.asDict() for r in
-                                     df.groupBy("topic", produced).agg(F.count(F.lit(1)).alias("count")).collect()])
+                                     df.groupBy("topic", produced_ms).agg(F.count(F.lit(1)).alias("count")).collect()])
                     return
                 classified = transforms.mark_late(transforms.classify(df, rules, stream, ingest), {}, stream)
                 keyed = classified.withColumn("produced_ms", F.col("key").cast("string").cast("bigint"))
