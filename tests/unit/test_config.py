@@ -89,6 +89,12 @@ def test_every_spark_kafka_reader_is_read_committed(tmp_path) -> None:
     assert options["kafka.security.protocol"] == "SSL" and options["kafka.bootstrap.servers"] == "a:1"
 
 
+def test_spark_kafka_readers_wait_briefly_for_an_empty_fetch(tmp_path) -> None:
+    # The Java client's 500 ms default, paid once per partition a task reads, stalled quiet batches for seconds.
+    options = load_config(write(tmp_path, "[kafka]\nbootstrap_servers = 'a:1'\n"), env={}).spark_kafka_options()
+    assert options["kafka.fetch.max.wait.ms"] == "50"
+
+
 def test_read_uncommitted_is_refused_at_start(tmp_path) -> None:
     path = write(tmp_path, "[kafka]\nclient = { 'isolation.level' = 'read_uncommitted' }\n")
     with pytest.raises(ConfigError, match=r"kafka\.client.*read_committed"):

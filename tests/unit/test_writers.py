@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from kdq.spark.push_reads import counts_version, read_range_at
+from kdq.spark.push_reads import counts_version, read_merge_output, read_range_at
 from kdq.spark.tables import ensure_tables
 from kdq.spark.writers import append_archive, merge_window_increments
 from tests.conftest import make_config
@@ -46,6 +46,48 @@ def test_merge_increments_is_applied_once_per_version(spark, tmp_path) -> None:
         {"topic": "orders", "window_start_ms": W0 + 1000, "valid": 0, "invalid": 0},
         {"topic": "other", "window_start_ms": W0, "valid": 0, "invalid": 0},
     ]
+
+
+def test_the_stream_reads_its_absolute_counts_from_its_merge_commit(spark, tmp_path) -> None:
+    """The MERGE's own files hold every stored row of the windows it touched (both statuses), so the stream's
+    read-back needs no scan: the same values and version as the scan, and nothing stored changes for a status
+    the batch did not count."""
+    config = make_config(tmp_path)
+    ensure_tables(spark, config)
+    first = [
+        {"topic": "orders", "window_start_ms": W0, "status": "valid", "count": 5, "rules_version": "v1"},
+        {"topic": "orders", "window_start_ms": W0, "status": "invalid", "count": 1, "rules_version": "v1"},
+        {"topic": "orders", "window_start_ms": W0 + 1000, "status": "valid", "count": 2, "rules_version": "v1"},
+    ]
+    merge_window_increments(spark, first, config, "app", 0)
+    keys = [("orders", W0), ("orders", W0 + 1000)]
+    version, rows = read_merge_output(spark, config, "app", 0, keys)
+    assert (version, rows) == (counts_version(spark, config), read_range_at(spark, config, keys, version))
+    assert rows == [{"topic": "orders", "window_start_ms": W0, "valid": 5, "invalid": 1},
+                    {"topic": "orders", "window_start_ms": W0 + 1000, "valid": 2, "invalid": 0}]
+    stored_before = _counts(spark, config)
+    assert ("orders", W0 + 1000, "invalid") not in stored_before  # a zero increment inserts no row
+
+    # Batch 1 counts only valid records of W0: its commit still carries W0's invalid count, unchanged.
+    merge_window_increments(spark, [{"topic": "orders", "window_start_ms": W0, "status": "valid", "count": 3,
+                                     "rules_version": "v2"}], config, "app", 1)
+    # Another writer commits after it: the stream finds its own commit behind that one.
+    merge_window_increments(spark, [{"topic": "other", "window_start_ms": W0, "status": "valid", "count": 9,
+                                     "rules_version": "v1"}], config, "other-app", 0)
+    version, rows = read_merge_output(spark, config, "app", 1, [("orders", W0)])
+    assert version == counts_version(spark, config) - 1
+    assert rows == [{"topic": "orders", "window_start_ms": W0, "valid": 8, "invalid": 1}]
+    assert rows == read_range_at(spark, config, [("orders", W0)], version)
+    invalid = spark.read.format("delta").load(str(config.tables_dir / "window_counts")).where(
+        "status = 'invalid'").select("count", "rules_version", F.unix_millis("updated_at").alias("at")).collect()
+    assert [(r["count"], r["rules_version"]) for r in invalid] == [(1, "v1")]  # the zero increment set nothing
+    before = spark.read.format("delta").option("versionAsOf", 1).load(str(config.tables_dir / "window_counts"))
+    assert invalid[0]["at"] == before.where("status = 'invalid'").select(F.unix_millis("updated_at")).first()[0]
+
+    # A replay whose MERGE had landed (the guard skips it): no commit of its own, so the caller scans.
+    merge_window_increments(spark, first, config, "app", 0)
+    assert read_merge_output(spark, config, "app", 0, keys) is None
+    assert read_merge_output(spark, config, "app", 1, []) is None
 
 
 def test_merge_rejects_nothing_and_empty_is_a_no_op(spark, tmp_path) -> None:

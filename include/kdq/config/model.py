@@ -259,6 +259,11 @@ class Config(Section):
         return {
             "kafka.bootstrap.servers": self.kafka_bootstrap(),
             "kafka.max.partition.fetch.bytes": str(self.kafka.max_message_bytes),
+            # A Spark task reads its Kafka partitions one after the other, and a fetch finding nothing new waits
+            # this long (the Java client's default is 500 ms): with 6 partitions per task a quiet batch stalled 3 s
+            # (benchmarks/PERF_NOTES.md, "the 3-second stall is the Kafka fetch's wait"). The Java client's own
+            # name, so not in [kafka.client], which librdkafka reads too (its name is fetch.wait.max.ms).
+            "kafka.fetch.max.wait.ms": "50",
             **{f"kafka.{key}": value for key, value in client.items()},
             "kafka.isolation.level": "read_committed",
         }

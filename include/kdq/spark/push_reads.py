@@ -6,17 +6,28 @@ Spark job); the reads pin it with ``versionAsOf``, so the values and the version
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 from collections.abc import Sequence
+from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from kdq import storage
 from kdq.config import Config
 from kdq.push_order import Window
 from kdq.spark.tables import table_path
 from kdq.spark.writers import delta_snapshot
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import WINDOW_COUNTS
+
+log = logging.getLogger("kdq.stream")
+
+# How many commits back from the latest the stream looks for its own MERGE (its own auto compaction, and another
+# job's commits, may follow it).
+MERGE_COMMIT_LOOKBACK = 8
 
 
 def counts_version(spark: SparkSession, config: Config) -> int:
@@ -55,6 +66,65 @@ def read_range_at(spark: SparkSession, config: Config, keys: Sequence[Window], v
         .where(F.col("topic").isin(sorted({t for t, _ in keys})))
     )
     return _absolute(table.select("topic", F.unix_millis("window_start").alias("ms"), "status", "count").collect(), keys)
+
+
+def read_merge_output(
+    spark: SparkSession, config: Config, app_id: str, batch_id: int, keys: Sequence[Window]
+) -> tuple[int, list[dict]] | None:
+    """Absolute (valid, invalid) of the windows ``keys`` as written by the stream's MERGE of ``batch_id``, and the
+    version it committed: read from that commit's own data files, with no Spark job.
+
+    :func:`kdq.spark.writers.merge_window_increments` puts both statuses of every touched window in its source, so
+    the files the commit adds without a deletion vector (a file re-added with one is an old file marked; a new
+    file has none) hold every stored row of those windows, each live at that version. None when the commit is not
+    among the last :data:`MERGE_COMMIT_LOOKBACK` (a replay whose MERGE had landed before) or cannot be read as
+    expected (a window missing, a column renamed by column mapping): the caller scans instead.
+    """
+    if not keys:
+        return None
+    path = table_path(config, WINDOW_COUNTS)
+    files = storage.files_for(path)
+    latest = counts_version(spark, config)
+    try:
+        for version in range(latest, max(latest - MERGE_COMMIT_LOOKBACK, -1), -1):
+            commit = files.read_bytes(storage.join(path, "_delta_log", f"{version:020d}.json"))
+            actions = [json.loads(line) for line in commit.splitlines() if line.strip()]
+            txn = next((a["txn"] for a in actions if "txn" in a and a["txn"].get("appId") == app_id), None)
+            if txn is None:
+                continue
+            if int(txn["version"]) != int(batch_id):
+                return None  # this app's newest commit is another batch's: the MERGE of this one landed earlier
+            rows = _rows_of_added_files(files, path, actions, keys)
+            return (version, _absolute(rows, keys)) if rows is not None else None
+    except Exception:  # an unexpected log or file layout must not fail the batch: the scan is always right
+        log.warning("batch %d: reading the MERGE's own files failed; scanning window_counts instead", batch_id,
+                    exc_info=True)
+    return None
+
+
+def _rows_of_added_files(files, path: str, actions: list[dict], keys: Sequence[Window]) -> list[dict] | None:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    wanted = set(keys)
+    rows: list[dict] = []
+    for action in actions:
+        add = action.get("add")
+        if add is None or add.get("deletionVector"):
+            continue
+        relative = unquote(add["path"])
+        location = relative if storage.scheme(relative) or relative.startswith("/") else storage.join(path, relative)
+        table = pq.read_table(io.BytesIO(files.read_bytes(location)), columns=["topic", "window_start", "status", "count"])
+        starts = table.column("window_start")  # INT96 (nanoseconds) or TIMESTAMP_MICROS, as the writer chose
+        per_ms = {"ms": 1, "us": 1000, "ns": 1_000_000}[starts.type.unit]
+        for topic, start, status, count in zip(table.column("topic").to_pylist(), pc.cast(starts, "int64").to_pylist(),
+                                               table.column("status").to_pylist(), table.column("count").to_pylist(), strict=True):
+            ms = start // per_ms
+            if (topic, ms) in wanted:
+                rows.append({"topic": topic, "ms": ms, "status": status, "count": count})
+    if {(r["topic"], r["ms"]) for r in rows} != wanted or len({(r["topic"], r["ms"], r["status"]) for r in rows}) != len(rows):
+        return None  # each touched window has a row (its non-zero increment's), and no row is there twice
+    return rows
 
 
 def read_windows_at(spark: SparkSession, config: Config, keys: Sequence[Window], version: int) -> list[dict]:

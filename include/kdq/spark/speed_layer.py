@@ -63,7 +63,7 @@ from kdq.spark.faults import FaultInjector
 from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
 from kdq.spark.ledger import MicroBatchLedger, RulesDocuments
 from kdq.spark.outputs import push_batch_influx
-from kdq.spark.push_reads import counts_version, read_range_at
+from kdq.spark.push_reads import counts_version, read_merge_output, read_range_at
 from kdq.spark.reasons_flush import REASONS_KEY, ReasonsFlush
 from kdq.spark.session import small_query_session
 from kdq.spark.tables import ensure_tables, table_path
@@ -79,7 +79,7 @@ from kdq.stream import failures as batch_failures
 from kdq.stream.checkpoint_offsets import speed_layer_checkpoint
 from kdq.stream.micro_batch import MicroBatchReport, increments_of, merge_maxima
 from kdq.stream.state import InfluxPushState
-from kdq.tables import RAW_ARCHIVE
+from kdq.tables import RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 from kdq.windows import subscribe_pattern
 
 log = logging.getLogger("kdq.stream")
@@ -136,6 +136,11 @@ class SpeedLayer:
         self.on_report: Callable[[MicroBatchReport], None] | None = None
         self._producer = None
         self._writers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdq-append")
+        # The guarded tables whose next snapshot is prepared between micro-batches (_warm_snapshots).
+        self._guarded_paths = [self._archive_path, table_path(config, WINDOW_COUNTS)] + (
+            [table_path(config, SUMMARIES)] if config.summaries else [])
+        self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdq-warm")
+        self._warming: Future | None = None
         self._quarantine_decisions: MicroBatchLedger | None = None
         self._quarantined: list[dict] = []  # the current batch's applied quarantine entries
         self._archived = False  # the current batch's archive append landed in an earlier attempt
@@ -269,8 +274,14 @@ class SpeedLayer:
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
 
             keys = sorted({(r["topic"], int(r["window_start_ms"])) for r in increments})
-            version = counts_version(self.small, self.config)  # the order of what is pushed (kdq.push_order)
-            absolute = read_range_at(self.small, self.config, keys, version)
+            # The absolute counts and the version they hold (the order of what is pushed, kdq.push_order): from the
+            # files the MERGE just wrote, or, for a replay whose MERGE had landed before, by a scan.
+            written = read_merge_output(self.small, self.config, self.app_id, batch_id, keys)
+            if written is not None:
+                version, absolute = written
+            else:
+                version = counts_version(self.small, self.config)
+                absolute = read_range_at(self.small, self.config, keys, version)
             report.changed_windows = len(keys)
             lap("read_back")
             if self._producer is None:
@@ -299,6 +310,7 @@ class SpeedLayer:
             writes = []
             lap("wait_appends")
             self.faults.maybe_crash("before_commit", batch_id, report.input_rows)
+            self._warm_snapshots()
         finally:
             # Never return (commit the batch, or unpersist its rows) while an append still runs.
             for write in writes:
@@ -476,6 +488,30 @@ class SpeedLayer:
 
         return self._writers.submit(timed)
 
+    def _warm_snapshots(self) -> None:
+        """Prepare the guarded tables' snapshots after this batch's commits, on a thread of their own, while the
+        stream waits for its next trigger.
+
+        A guarded write (Delta's txnAppId/txnVersion) looks up the app's version in the table's snapshot, and
+        Delta 4.4 computes that from the table's whole state: a Spark job over the log after every commit (its
+        checksum's copy of the txn versions is not read). The next batch would pay it on its critical path (the
+        archive's in "before", window_counts' in the MERGE: ~0.9 s a batch on two cores, benchmarks/PERF_NOTES.md,
+        "seventeenth pass"); computed here, the next batch finds it ready (a lazy value: a batch that starts
+        while it runs waits for it instead of computing it twice). Reads only, no guard set: safe beside the
+        writer thread. A failure is logged and left to the next batch, which computes what it needs itself."""
+        if self._warming is not None and not self._warming.done():
+            return
+
+        def warm() -> None:
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "warm")
+            for path in self._guarded_paths:
+                try:
+                    txn_version(self.small, path, self.app_id)
+                except Exception:
+                    log.debug("preparing the snapshot of %s failed; the next batch computes it", path, exc_info=True)
+
+        self._warming = self._warmer.submit(warm)
+
     def flush_reasons(self, only_if_due: bool = False) -> None:
         """Append the reasons the batches so far keep only in their ledger entries: at a stop, and from the
         stream's loop while no batch runs (``only_if_due``: once a minute), so the last reasons before a quiet
@@ -488,6 +524,7 @@ class SpeedLayer:
         checkpoint: its owner does), then flush and drop the metrics producer (its client threads would otherwise
         outlive the query)."""
         self._writers.shutdown(wait=True)
+        self._warmer.shutdown(wait=True)
         if flush_reasons:
             try:
                 self.flush_reasons()

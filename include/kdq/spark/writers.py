@@ -29,7 +29,7 @@ from kdq.background_session import session_priority_at_least
 from kdq.config import Config
 from kdq.procs import SERVICE_NICENESS
 from kdq.spark.tables import table_path
-from kdq.spark.transforms import reason_differences, window_partition_columns
+from kdq.spark.transforms import INVALID, VALID, reason_differences, window_partition_columns
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS, TableSpec
 from kdq.writers_journal import WAITS
@@ -127,6 +127,19 @@ def append_archive(df: DataFrame, config: Config, app_id: str, version: int, bat
     append_once(out.select(*RAW_ARCHIVE.column_names), table_path(config, RAW_ARCHIVE), app_id, version)
 
 
+def with_other_statuses(rows: Sequence[Mapping]) -> list[Mapping]:
+    """``rows`` plus a zero increment for each status of a touched window that ``rows`` lack (same
+    ``rules_version`` as the window's row), in a stable order."""
+    present = {(r["topic"], int(r["window_start_ms"]), r["status"]): r for r in rows}
+    out: list[Mapping] = list(rows)
+    for (topic, ms, status), row in list(present.items()):
+        for other in (VALID, INVALID):
+            if other != status and (topic, ms, other) not in present:
+                present[(topic, ms, other)] = {**row, "status": other, "count": 0}
+                out.append(present[(topic, ms, other)])
+    return out
+
+
 def merge_window_increments(
     spark: SparkSession, rows: Sequence[Mapping], config: Config, app_id: str, version: int, updated_by: str = "stream"
 ) -> None:
@@ -134,12 +147,18 @@ def merge_window_increments(
 
     One MERGE per micro-batch over pre-aggregated rows; the literal
     window_date/window_start range lets Delta prune partitions and files.
+
+    Every touched window's other status goes in too, as a zero increment that updates nothing (``count``
+    stays, ``updated_at`` too) and inserts nothing: the rows a MERGE writes are then every stored row of the
+    touched windows, so the stream reads its absolute counts from the MERGE's own commit
+    (:func:`kdq.spark.push_reads.read_merge_output`) instead of scanning the table.
     """
     if not rows:
         return
     size = config.stream.window_seconds
     source = spark.createDataFrame(
-        [(r["topic"], int(r["window_start_ms"]), r["status"], int(r["count"]), r["rules_version"]) for r in rows],
+        [(r["topic"], int(r["window_start_ms"]), r["status"], int(r["count"]), r["rules_version"])
+         for r in with_other_statuses(rows)],
         "topic STRING, window_start_ms BIGINT, status STRING, count BIGINT, rules_version STRING",
     ).select(
         "topic",
@@ -166,15 +185,15 @@ def merge_window_increments(
         with idempotent_write(spark, app_id, version):
             (
                 target.merge(source.alias("s"), condition)
+                # One matched clause (two cost ~5 % more per MERGE): a zero increment rewrites its row unchanged.
                 .whenMatchedUpdate(
                     set={
                         "count": "t.count + s.count",
-                        "updated_at": "s.updated_at",
-                        "updated_by": "s.updated_by",
-                        "rules_version": "s.rules_version",
+                        **{c: f"CASE WHEN s.count <> 0 THEN s.{c} ELSE t.{c} END"
+                           for c in ("updated_at", "updated_by", "rules_version")},
                     }
                 )
-                .whenNotMatchedInsertAll()
+                .whenNotMatchedInsertAll(condition="s.count <> 0")
                 .execute()
             )
 
