@@ -31,7 +31,9 @@ until its commit is in the checkpoint):
    stop) the entries not yet in ``invalid_reasons`` are appended there in one
    commit guarded by (app id, N), on a writer thread beside the MERGE
    (:mod:`kdq.spark.reasons_flush`);
-4. absolute counts of the changed windows are read back from Delta and sent
+4. absolute counts of the changed windows are read back from the files the
+   MERGE's own commit added (both statuses of each window are in the MERGE;
+   a scan of the table when that commit is not found) and sent
    to the metrics topic and InfluxDB: absolute values, so re-sending after a
    replay is harmless (at-least-once delivery of idempotent values); they carry
    the ``window_counts`` version they were read at and are written holding the
