@@ -31,6 +31,12 @@ class TableSpec:
 # compacted by the maintenance job (closed partitions only), not by Delta's
 # auto compaction, which would run inside the stream's batches and race its MERGEs.
 
+# delta.checkpointInterval of the tables the stream commits to every micro-batch (the archive, window_counts,
+# summaries). Delta writes a checkpoint inside every interval-th commit; the stream writes them between its
+# micro-batches instead, every kdq.spark.stream_upkeep.CHECKPOINT_EVERY commits, so the property only serves the
+# writers that run without a stream (a rebuild, a backfill).
+STREAM_CHECKPOINT_INTERVAL = 100
+
 RAW_ARCHIVE = TableSpec(
     name="raw_archive",
     columns=(
@@ -56,6 +62,7 @@ RAW_ARCHIVE = TableSpec(
     # per-file min/max statistics of ingest_time (files are written per batch,
     # so their ingest_time ranges are narrow and skipping is effective).
     partitioned_by=("event_hour",),
+    properties=(("delta.checkpointInterval", str(STREAM_CHECKPOINT_INTERVAL)),),
     comment="Every consumed Kafka record exactly once (topic, partition, offset).",
 )
 
@@ -71,8 +78,13 @@ RAW_ARCHIVE = TableSpec(
 # compaction (a post-commit hook of the writer's own commit) folds an hour's small files into one whenever it holds
 # AUTO_COMPACT_MIN_FILES of them. It touches only the partitions the commit wrote, a failure of it is logged and
 # never fails the write, and a conflict with another writer of that hour leaves the files for the next commit.
+# The stream's own writes turn it off and compact the same way between micro-batches (kdq.spark.stream_upkeep).
 WINDOW_PARTITIONS = ("window_date", "window_hour")
-WINDOW_TABLE_PROPERTIES = (("delta.enableDeletionVectors", "true"), ("delta.autoOptimize.autoCompact", "true"))
+WINDOW_TABLE_PROPERTIES = (
+    ("delta.enableDeletionVectors", "true"),
+    ("delta.autoOptimize.autoCompact", "true"),
+    ("delta.checkpointInterval", str(STREAM_CHECKPOINT_INTERVAL)),
+)
 AUTO_COMPACT_MIN_FILES = 10  # spark.databricks.delta.autoCompact.minNumFiles (Delta's default: 50)
 
 # Table property of window_counts: the stream.window_seconds its windows were counted with (kdq.spark.tables).

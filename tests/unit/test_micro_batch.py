@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kdq.stream.micro_batch import increments_of, merge_maxima
+from kdq.stream.micro_batch import idle_ms_before_next_trigger, increments_of, merge_maxima
 
 W0 = 1_700_000_000_000
 
@@ -62,3 +62,14 @@ def test_increments_of_keeps_the_kafka_timestamp_range_for_the_latency() -> None
     # The too-late record (not counted by the stream) is left out: W0 + 5 is its timestamp.
     assert (increments.oldest_kafka_ms, increments.newest_kafka_ms) == (W0 + 10, W0 + 1200)
     assert increments_of([row("orders", W0, True, None, True, 1)], 60).oldest_kafka_ms is None
+
+
+def test_idle_time_before_the_next_processing_time_trigger() -> None:
+    # Triggers at the multiples of the interval: a batch that started at 10.2 s and ends at 12.0 s waits 3 s.
+    assert idle_ms_before_next_trigger(10_200, 12_000, 5_000) == 3_000
+    # One that outlasted its trigger (started 10.2 s, ended 16.0 s) is followed at once by the next.
+    assert idle_ms_before_next_trigger(10_200, 16_000, 5_000) == 0
+    # A batch started exactly on a trigger waits for the following one.
+    assert idle_ms_before_next_trigger(15_000, 15_400, 5_000) == 4_600
+    # Back to back (availableNow, or a zero interval): never idle.
+    assert idle_ms_before_next_trigger(10_200, 10_300, 0) == 0

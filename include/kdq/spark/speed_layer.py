@@ -40,6 +40,10 @@ until its commit is in the checkpoint):
    push lock, re-read when a batch push sent a newer version meanwhile
    (:mod:`kdq.push_order`), so they never replace a newer value;
 5. the batch returns (and Spark commits it) only after every append finished.
+
+Between micro-batches, while the stream waits for its next trigger, :mod:`kdq.spark.stream_upkeep` prepares the
+guarded tables' snapshots, checkpoints them and compacts the open hour of the window tables: work Delta would
+otherwise do inside a batch's commits (none of it changes data, so none of it needs the guard).
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from kdq.spark.outputs import push_batch_influx
 from kdq.spark.push_reads import counts_version, read_merge_output, read_range_at
 from kdq.spark.reasons_flush import REASONS_KEY, ReasonsFlush
 from kdq.spark.session import small_query_session
+from kdq.spark.stream_upkeep import SNAPSHOT_IDLE_MS, StreamUpkeep
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import (
     append_archive,
@@ -79,12 +84,13 @@ from kdq.spark.writers import (
 from kdq.step_clock import StepClock
 from kdq.stream import failures as batch_failures
 from kdq.stream.checkpoint_offsets import speed_layer_checkpoint
-from kdq.stream.micro_batch import MicroBatchReport, increments_of, merge_maxima
+from kdq.stream.micro_batch import MicroBatchReport, idle_ms_before_next_trigger, increments_of, merge_maxima
 from kdq.stream.state import InfluxPushState
 from kdq.tables import RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 from kdq.windows import subscribe_pattern
 
 log = logging.getLogger("kdq.stream")
+
 
 
 def checkpoint_dir(config: Config) -> str:
@@ -121,6 +127,8 @@ class SpeedLayer:
         # The per-batch MERGE, read-back and reason append run over a few hundred rows: interpreted
         # (benchmarks/PERF_NOTES.md, "the per-batch queries interpreted").
         self.small = small_query_session(spark)
+        # Its MERGEs never compact in their own commit: the upkeep does, between micro-batches (kdq.spark.stream_upkeep).
+        self.small.conf.set("spark.databricks.delta.autoCompact.enabled", "false")
         self.config = config
         self.rules = rules
         self.faults = faults or FaultInjector()
@@ -138,11 +146,14 @@ class SpeedLayer:
         self.on_report: Callable[[MicroBatchReport], None] | None = None
         self._producer = None
         self._writers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdq-append")
-        # The guarded tables whose next snapshot is prepared between micro-batches (_warm_snapshots).
-        self._guarded_paths = [self._archive_path, table_path(config, WINDOW_COUNTS)] + (
-            [table_path(config, SUMMARIES)] if config.summaries else [])
-        self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdq-warm")
-        self._warming: Future | None = None
+        # The snapshots, checkpoints and compactions of the stream's tables, between micro-batches.
+        window_paths = [table_path(config, WINDOW_COUNTS)] + ([table_path(config, SUMMARIES)] if config.summaries else [])
+        self.upkeep = StreamUpkeep(self.small, spark, self.app_id, [self._archive_path, *window_paths], window_paths)
+        self._upkeep_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdq-upkeep")
+        self._upkeep_running: Future | None = None
+        # The processing-time trigger's interval (0: batches back to back), set by start(): the upkeep runs when a
+        # batch leaves idle time before the next trigger.
+        self._trigger_ms = int(config.stream.trigger_interval_seconds * 1000)
         self._quarantine_decisions: MicroBatchLedger | None = None
         self._quarantined: list[dict] = []  # the current batch's applied quarantine entries
         self._archived = False  # the current batch's archive append landed in an earlier attempt
@@ -176,10 +187,12 @@ class SpeedLayer:
             .foreachBatch(self.process_batch)
         )
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=f"{seconds} seconds")
+        self._trigger_ms = 0 if available_now else int(seconds * 1000)
         return writer.start()
 
     # -- one micro-batch -----------------------------------------------------------
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        started_ms = now_ms()
         steps = StepClock(millis=True)  # whole milliseconds per step: the report's durations_ms
         batch = self._before_batch(batch, batch_id)  # progress for the supervisor, quarantine, test faults
         # "before": the batch's bookkeeping ahead of its work; mostly the archive's Delta snapshot update (the txn
@@ -260,19 +273,21 @@ class SpeedLayer:
             elif self.reasons.due():
                 writes = [self._submit(timings, "reasons", self.reasons.flush, batch_id)]
             increments = increments_in.window_increments
-            merge_window_increments(self.small, increments, self.config, self.app_id, batch_id)
-            report.visible_ms = now_ms()
-            lap("merge_counts")
-            if self.config.summaries:  # own MERGE, guard and outputs; interpreted like the counts' (PERF_NOTES.md)
-                from kdq.spark.summaries import stream_summaries
+            with self.upkeep.merging():  # after a compaction of the upkeep that still runs
+                merge_window_increments(self.small, increments, self.config, self.app_id, batch_id)
+                report.visible_ms = now_ms()
+                lap("merge_counts")
+                if self.config.summaries:  # own MERGE, guard and outputs; interpreted like the counts' (PERF_NOTES.md)
+                    from kdq.spark.summaries import stream_summaries
 
-                if self._producer is None:
-                    self._producer = metrics_producer(self.config)
-                stream_summaries(
-                    self.small, self.config, classified, before, self.app_id, batch_id, ingest_ms,
-                    report.input_rows_by_topic, self._producer, self.push_state.record_failure, replayed, lap,
-                    rules=self.rules,
-                )
+                    if self._producer is None:
+                        self._producer = metrics_producer(self.config)
+                    stream_summaries(
+                        self.small, self.config, classified, before, self.app_id, batch_id, ingest_ms,
+                        report.input_rows_by_topic, self._producer, self.push_state.record_failure, replayed, lap,
+                        rules=self.rules,
+                    )
+            self.upkeep.merged(int(r["window_start_ms"]) for r in increments)
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
 
             keys = sorted({(r["topic"], int(r["window_start_ms"])) for r in increments})
@@ -312,7 +327,7 @@ class SpeedLayer:
             writes = []
             lap("wait_appends")
             self.faults.maybe_crash("before_commit", batch_id, report.input_rows)
-            self._warm_snapshots()
+            self._upkeep(idle_ms_before_next_trigger(started_ms, now_ms(), self._trigger_ms))
         finally:
             # Never return (commit the batch, or unpersist its rows) while an append still runs.
             for write in writes:
@@ -490,29 +505,24 @@ class SpeedLayer:
 
         return self._writers.submit(timed)
 
-    def _warm_snapshots(self) -> None:
-        """Prepare the guarded tables' snapshots after this batch's commits, on a thread of their own, while the
-        stream waits for its next trigger.
+    def _upkeep(self, idle_ms: int) -> None:
+        """The tables' upkeep after this batch's commits (kdq.spark.stream_upkeep): on a thread of its own while the
+        stream waits ``idle_ms`` for its next trigger, or, with no time to wait, only the compaction that can wait
+        no longer, on this thread.
 
-        A guarded write (Delta's txnAppId/txnVersion) looks up the app's version in the table's snapshot, and
-        Delta 4.4 computes that from the table's whole state: a Spark job over the log after every commit (its
-        checksum's copy of the txn versions is not read). The next batch would pay it on its critical path (the
-        archive's in "before", window_counts' in the MERGE: ~0.9 s a batch on two cores, benchmarks/PERF_NOTES.md,
-        "seventeenth pass"); computed here, the next batch finds it ready (a lazy value: a batch that starts
-        while it runs waits for it instead of computing it twice). Reads only, no guard set: safe beside the
-        writer thread. A failure is logged and left to the next batch, which computes what it needs itself."""
-        if self._warming is not None and not self._warming.done():
+        The snapshots first: a guarded write (Delta's txnAppId/txnVersion) looks up the app's version in the
+        table's snapshot, and Delta 4.4 computes that from the table's whole state, a Spark job over the log after
+        every commit (its checksum's copy of the txn versions is not read). The next batch would pay it on its
+        critical path (~0.9 s a batch on two cores, benchmarks/PERF_NOTES.md, "seventeenth pass"); computed here,
+        the next batch finds it ready (a lazy value: a batch that starts while it runs waits for it instead of
+        computing it twice). A batch that outlasted its trigger is followed at once by the next one, whose
+        classification the work would slow ("eighteenth pass")."""
+        if self._upkeep_running is not None and not self._upkeep_running.done():
             return
-
-        def warm() -> None:
-            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "warm")
-            for path in self._guarded_paths:
-                try:
-                    txn_version(self.small, path, self.app_id)
-                except Exception:
-                    log.debug("preparing the snapshot of %s failed; the next batch computes it", path, exc_info=True)
-
-        self._warming = self._warmer.submit(warm)
+        if idle_ms >= SNAPSHOT_IDLE_MS:
+            self._upkeep_running = self._upkeep_thread.submit(self.upkeep.between_batches, idle_ms)
+        else:
+            self.upkeep.in_batch()
 
     def flush_reasons(self, only_if_due: bool = False) -> None:
         """Append the reasons the batches so far keep only in their ledger entries: at a stop, and from the
@@ -526,7 +536,7 @@ class SpeedLayer:
         checkpoint: its owner does), then flush and drop the metrics producer (its client threads would otherwise
         outlive the query)."""
         self._writers.shutdown(wait=True)
-        self._warmer.shutdown(wait=True)
+        self._upkeep_thread.shutdown(wait=True)
         if flush_reasons:
             try:
                 self.flush_reasons()

@@ -65,8 +65,9 @@ def _retrying(action, attempts: int = 5) -> None:
 
 
 def ensure_tables(spark: SparkSession, config: Config) -> None:
-    """Create every missing kdq table at its path (its identity); existing ones are left as they are, except
-    that ``window_counts`` must have been counted with this configuration's window size (:func:`check_window_seconds`)."""
+    """Create every missing kdq table at its path (its identity). Existing ones keep their data; they get the
+    table properties of :mod:`kdq.tables` they lack (and the window tables their layout), and ``window_counts``
+    must have been counted with this configuration's window size (:func:`check_window_seconds`)."""
     from delta.tables import DeltaTable
 
     for spec in ALL_TABLES:
@@ -75,6 +76,8 @@ def ensure_tables(spark: SparkSession, config: Config) -> None:
             _retrying(lambda spec=spec, path=path: _create_by_path(spark, spec, path, config))
         elif spec.partitioned_by == WINDOW_PARTITIONS:
             _retrying(lambda spec=spec: ensure_window_layout(spark, config, spec))
+        elif spec.properties:
+            _retrying(lambda spec=spec, path=path: ensure_properties(spark, spec, path))
     check_window_seconds(spark, config)
 
 
@@ -104,7 +107,17 @@ def ensure_window_layout(spark: SparkSession, config: Config, spec: TableSpec) -
             rewritten.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
             .partitionBy(*spec.partitioned_by).save(path)
         )
-    properties = detail["properties"] or {}
+    ensure_properties(spark, spec, path, detail["properties"])
+
+
+def ensure_properties(spark: SparkSession, spec: TableSpec, path: str, properties: dict | None = None) -> None:
+    """Set the table properties of ``spec`` that the table at ``path`` lacks or holds other values of (a table of
+    an earlier kdq); ``properties``: the table's, when the caller has read them already."""
+    if properties is None:
+        from delta.tables import DeltaTable
+
+        properties = DeltaTable.forPath(spark, path).detail().select("properties").first()["properties"]
+    properties = properties or {}
     missing = [(key, value) for key, value in spec.properties if properties.get(key) != value]
     if missing:
         settings = ", ".join(f"'{key}' = '{value}'" for key, value in missing)  # constants of kdq.tables

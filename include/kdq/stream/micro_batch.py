@@ -111,3 +111,15 @@ def merge_maxima(before: Mapping[str, int], batch: Mapping[str, int]) -> dict[st
     for topic, ms in batch.items():
         after[topic] = max(ms, after.get(topic, ms))
     return after
+
+
+def idle_ms_before_next_trigger(started_ms: int, now_ms: int, trigger_ms: int) -> int:
+    """How long the stream will wait, at ``now_ms``, for the trigger after the batch that started at ``started_ms``.
+
+    Spark's processing-time trigger fires at the multiples of its interval (``ProcessingTimeExecutor.nextBatchTime``)
+    and starts the next batch at once when one outlasts it; ``trigger_ms`` 0 (back to back, or ``availableNow``)
+    never waits."""
+    if trigger_ms <= 0:
+        return 0
+    next_trigger_ms = (started_ms // trigger_ms + 1) * trigger_ms
+    return max(0, next_trigger_ms - now_ms)
