@@ -1,6 +1,8 @@
-"""SQL literals of instants (pure Python): the literal predicates Delta prunes partitions and files with.
+"""SQL literals (pure Python): of instants, the literal predicates Delta prunes partitions and files with, and of
+strings, for the expressions a micro-batch builds from its topics' names.
 
-Only values kdq computes (epoch millis) become SQL text this way; config values never do.
+Only values kdq computes (epoch millis) or reads from Kafka (topic names) become SQL text this way; config values
+never do.
 """
 
 from __future__ import annotations
@@ -16,3 +18,9 @@ def timestamp_literal(ms: int) -> str:
 def date_literal(ms: int) -> str:
     """``DATE'2023-11-14'``: the UTC date of ``ms``."""
     return "DATE'" + datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d") + "'"
+
+
+def string_literal(text: str) -> str:
+    """``'text'`` for Spark SQL, its backslashes and quotes escaped (Kafka's topic names need none; any string
+    comes out as itself)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

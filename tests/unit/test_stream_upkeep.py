@@ -84,10 +84,13 @@ def test_the_upkeep_compacts_and_checkpoints_between_batches(spark, tmp_path) ->
     before = _counts(spark, path)
     assert delta_snapshot(spark, path).checkpointProvider().version() < 0  # no checkpoint inside the commits
 
-    upkeep.between_batches(MAINTENANCE_IDLE_MS)
+    upkeep.between_batches(MAINTENANCE_IDLE_MS)  # one compaction or checkpoint per pause: the compaction first
     assert _files_in_hour(spark, path, 7) == 1
     assert _counts(spark, path) == before and len(before) == 2 * batches
+    assert delta_snapshot(spark, path).checkpointProvider().version() < 0
+    upkeep.between_batches(MAINTENANCE_IDLE_MS)  # the archive has too few commits: window_counts' checkpoint
     assert delta_snapshot(spark, path).checkpointProvider().version() >= CHECKPOINT_EVERY
+    upkeep.between_batches(MAINTENANCE_IDLE_MS)  # nothing left to do
     assert txn_version(writer, path, "stream-app") == batches  # a replayed batch is still skipped
     merge_window_increments(writer, [{"topic": "a", "window_start_ms": hour + 1000, "status": "valid", "count": 5,
                                       "rules_version": "r1"}], config, "stream-app", batches)

@@ -66,3 +66,20 @@ def test_records_really_late_against_the_stream_clock_are_still_late(spark) -> N
     # 61 s before the watermark: later than the allowed 60 s, so left to the batch layer.
     late = _run(spark, _batch(spark, topic, [T0 - 62_000], first_offset=1), after, T0 + 1_000, stream)
     assert late.late_rows == {topic: 1} and late.window_increments == []
+
+
+def test_each_topic_is_judged_against_its_own_watermark_among_many(spark) -> None:
+    """The watermarks go into the plan as one SQL map literal: every topic finds its own, whatever its name
+    (quotes and backslashes come out as themselves), and a topic without one is never late."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    stream = StreamConfig()
+    odd = ["it's", "back\\slash", "a.b-c_d"]
+    before = {f"t{i}": T0 + i for i in range(1_000)} | {name: T0 for name in odd}
+    before["behind"] = T0 - 600_000  # its records at T0 - 120 s are on time against this one
+    frames = [_batch(spark, t, [T0 - 120_000]) for t in [*odd, "t5", "behind", "new_topic"]]
+    batch = frames[0]
+    for frame in frames[1:]:
+        batch = batch.unionByName(frame)
+    result = _run(spark, batch, before, T0 + 1_000, stream)
+    assert result.late_rows == {"it's": 1, "back\\slash": 1, "a.b-c_d": 1, "t5": 1}
+    assert sorted(w["topic"] for w in result.window_increments) == ["behind", "new_topic"]

@@ -138,15 +138,21 @@ class StreamUpkeep:
                 log.debug("preparing the snapshot of %s failed; the next batch computes it", path, exc_info=True)
         if idle_ms < MAINTENANCE_IDLE_MS:
             return
+        # One compaction or one checkpoint per pause: the tables commit once a batch each, so their checkpoints
+        # come due together, and all of them at once outlast a pause (the next batch then waits for them).
+        if self.compact(self.min_files):
+            return
         for path in self.guarded_paths:
-            self.checkpoint_if_due(path)
-        self.compact(self.min_files)
+            if self.checkpoint_if_due(path):
+                return
 
     def in_batch(self) -> None:
         """On the batch's thread, when the stream found no idle time: the hours that hold twice the threshold."""
         self.compact(2 * self.min_files)
 
     def checkpoint_if_due(self, path: str) -> bool:
+        """Checkpoint the table at ``path`` if :data:`CHECKPOINT_EVERY` commits passed since its last checkpoint;
+        whether it tried."""
         try:
             snapshot = delta_snapshot(self.compiled, path)
             last = int(snapshot.checkpointProvider().version())
@@ -158,9 +164,11 @@ class StreamUpkeep:
             return True
         except Exception:
             log.warning("checkpoint of %s failed; the next upkeep tries again", path, exc_info=True)
-            return False
+            return True
 
-    def compact(self, at_least: int) -> None:
+    def compact(self, at_least: int) -> bool:
+        """Compact the hours of the first window table that has some with ``at_least`` of the stream's files;
+        whether it tried."""
         from delta.tables import DeltaTable
 
         for path in self.window_paths:
@@ -171,6 +179,7 @@ class StreamUpkeep:
                 with self._compacting:
                     DeltaTable.forPath(self.compiled, path).optimize().where(hours_predicate(hours)).executeCompaction()
                 log.info("compacted %s, hours %s", path, hours)
+                return True
             except Exception as exc:  # py4j: Delta's conflicts arrive as generic errors
                 self.hours[path].give_back(hours, at_least)
                 if is_conflict(exc):
@@ -179,3 +188,5 @@ class StreamUpkeep:
                 else:
                     log.warning("compaction of %s, hours %s, failed; left to the next upkeep", path, hours,
                                 exc_info=True)
+                return True
+        return False

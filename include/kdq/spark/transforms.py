@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from kdq.config import StreamConfig
 from kdq.rules import RuleSet
 from kdq.spark.classifier import ClassifierDocument, classifier
+from kdq.sql_literals import string_literal
 
 VALID = "valid"
 INVALID = "invalid"
@@ -171,10 +172,13 @@ def mark_late(
     """
     if not max_event_ms_before:
         return classified.withColumn("counted", F.lit(True))
-    watermarks = F.create_map(
-        *[item for topic, ms in sorted(max_event_ms_before.items()) for item in (F.lit(topic), F.timestamp_millis(F.lit(int(ms))))]
+    # One SQL map literal, not a Column per topic: each Column is a py4j call, and with a thousand topics those
+    # calls took ~1 s of every micro-batch (benchmarks/PERF_NOTES.md, "eighteenth pass").
+    watermarks = F.expr(
+        "map(" + ", ".join(f"{string_literal(topic)}, {int(ms)}L" for topic, ms in sorted(max_event_ms_before.items())) + ")"
     )
-    limit = F.element_at(watermarks, F.col("topic")) - F.expr(f"INTERVAL {stream.allowed_lateness_seconds} SECONDS")
+    limit = F.timestamp_millis(F.element_at(watermarks, F.col("topic"))) - F.expr(
+        f"INTERVAL {stream.allowed_lateness_seconds} SECONDS")
     window_end = F.col("window_start") + F.expr(f"INTERVAL {stream.window_seconds} SECONDS")
     late = F.coalesce(window_end <= limit, F.lit(False))
     return classified.withColumn("counted", ~late)
