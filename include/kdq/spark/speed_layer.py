@@ -72,7 +72,7 @@ from kdq.spark.outputs import push_batch_influx
 from kdq.spark.push_reads import counts_version, read_merge_output, read_range_at
 from kdq.spark.reasons_flush import REASONS_KEY, ReasonsFlush
 from kdq.spark.session import small_query_session
-from kdq.spark.stream_upkeep import SNAPSHOT_IDLE_MS, StreamUpkeep
+from kdq.spark.stream_upkeep import MAINTENANCE_IDLE_MS, StreamUpkeep
 from kdq.spark.tables import ensure_tables, table_path
 from kdq.spark.writers import (
     append_archive,
@@ -506,23 +506,23 @@ class SpeedLayer:
         return self._writers.submit(timed)
 
     def _upkeep(self, idle_ms: int) -> None:
-        """The tables' upkeep after this batch's commits (kdq.spark.stream_upkeep): on a thread of its own while the
-        stream waits ``idle_ms`` for its next trigger, or, with no time to wait, only the compaction that can wait
-        no longer, on this thread.
+        """The tables' upkeep after this batch's commits (kdq.spark.stream_upkeep), on a thread of its own: the
+        snapshots always, a compaction or a checkpoint when the stream waits ``idle_ms`` >= MAINTENANCE_IDLE_MS for
+        its next trigger. A stream with no such pause (catching up) compacts the hours that can wait no longer
+        here, on the batch's thread.
 
-        The snapshots first: a guarded write (Delta's txnAppId/txnVersion) looks up the app's version in the
-        table's snapshot, and Delta 4.4 computes that from the table's whole state, a Spark job over the log after
-        every commit (its checksum's copy of the txn versions is not read). The next batch would pay it on its
-        critical path (~0.9 s a batch on two cores, benchmarks/PERF_NOTES.md, "seventeenth pass"); computed here,
-        the next batch finds it ready (a lazy value: a batch that starts while it runs waits for it instead of
-        computing it twice). A batch that outlasted its trigger is followed at once by the next one, whose
-        classification the work would slow ("eighteenth pass")."""
+        The snapshots: a guarded write (Delta's txnAppId/txnVersion) looks up the app's version in the table's
+        snapshot, and Delta 4.4 computes that from the table's whole state, a Spark job over the log after every
+        commit (its checksum's copy of the txn versions is not read). The next batch would pay it on its critical
+        path (~0.9 s a batch on two cores, benchmarks/PERF_NOTES.md, "seventeenth pass"); computed here, the next
+        batch finds it ready (a lazy value: a batch that starts while it runs waits for it instead of computing it
+        twice). Even with batches back to back this pays: beside the next batch's classification it costs that
+        batch less than its MERGE would pay for it ("eighteenth pass")."""
+        if idle_ms < MAINTENANCE_IDLE_MS:
+            self.upkeep.in_batch()
         if self._upkeep_running is not None and not self._upkeep_running.done():
             return
-        if idle_ms >= SNAPSHOT_IDLE_MS:
-            self._upkeep_running = self._upkeep_thread.submit(self.upkeep.between_batches, idle_ms)
-        else:
-            self.upkeep.in_batch()
+        self._upkeep_running = self._upkeep_thread.submit(self.upkeep.between_batches, idle_ms)
 
     def flush_reasons(self, only_if_due: bool = False) -> None:
         """Append the reasons the batches so far keep only in their ledger entries: at a stop, and from the

@@ -11,7 +11,8 @@ Three kinds of work used to sit on the micro-batch's path, inside the writer's o
   commit that brings an hour to ``AUTO_COMPACT_MIN_FILES`` files: ~1 s every tenth batch.
 
 A batch that paid one of them was the slowest of its minute: they made the latency's p99. :class:`StreamUpkeep`
-does them on a thread of the stream while it waits for its next trigger instead:
+does them on a thread of the stream after each batch instead: the snapshots always (beside the next batch when
+there is no pause), the checkpoints and compactions while the stream waits for its next trigger:
 
 * the stream's own session turns auto compaction off (``spark.databricks.delta.autoCompact.enabled``, which wins
   over the table property) and the upkeep compacts the hours the stream's MERGEs wrote once they hold
@@ -47,9 +48,8 @@ log = logging.getLogger("kdq.stream")
 # Commits since a guarded table's last checkpoint before the upkeep writes one: Delta's default interval.
 CHECKPOINT_EVERY = 10
 
-# The idle time before the next trigger that the snapshot work (~0.3 s on two cores) needs, and the one a
-# compaction or a checkpoint (~1 s each) needs. With less, the work waits for a longer pause.
-SNAPSHOT_IDLE_MS = 500
+# The idle time before the next trigger that a compaction or a checkpoint (~1 s each on two cores) needs. With
+# less, it waits for a longer pause.
 MAINTENANCE_IDLE_MS = 1500
 
 EPOCH = dt.date(1970, 1, 1)
