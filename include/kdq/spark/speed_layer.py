@@ -92,7 +92,6 @@ from kdq.windows import subscribe_pattern
 log = logging.getLogger("kdq.stream")
 
 
-
 def checkpoint_dir(config: Config) -> str:
     return speed_layer_checkpoint(config)
 
