@@ -96,10 +96,6 @@ def on_this_machine(master: str) -> bool:
     return master.startswith("local") or master.startswith(("spark://127.0.0.1:", "spark://localhost:"))
 
 
-# Topic partitions whose Kafka consumers the stream keeps open between micro-batches (spark.kafka.consumer.cache.capacity).
-KAFKA_CONSUMER_CACHE_CAPACITY = 4096
-
-
 def spark_conf(config: Config, app_name: str) -> dict[str, str]:
     """Every setting the factory applies, as a plain dict (spark-submit --conf uses the same). Refuses (ConfigError)
     tables on s3a:// whose concurrent commits are not coordinated (:func:`kdq.storage.check_commits_coordinated`)."""
@@ -123,11 +119,9 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         # state reconstruction) and source materialisation of MERGE (our MERGE
         # sources are local, deterministic rows).
         "spark.databricks.delta.writeChecksumFile.enabled": "false",
-        # The Kafka source keeps one consumer per topic partition between micro-batches, at most this many: with
-        # Spark's default (64) a stream over a thousand partitions closed and reopened hundreds of consumers every
-        # batch, ~40 ms each (benchmarks/PERF_NOTES.md, "eighteenth pass": 1,000 topics, classify + archive
-        # 2.1-4.1 → 1.4-1.8 s a batch). Each idle consumer holds one connection to its broker.
-        "spark.kafka.consumer.cache.capacity": str(KAFKA_CONSUMER_CACHE_CAPACITY),
+        # spark.kafka.consumer.cache.capacity stays Spark's 64: kept open, a thousand partitions' idle consumers
+        # ran a 2 GB driver out of memory in a one-million-record catch-up over 1,000 topics (benchmarks/PERF_NOTES.md,
+        # "nineteenth pass"), although they saved ~1.5 s a batch of reopening them.
         "spark.databricks.delta.merge.materializeSource": "none",
         # Small files an hour of window_counts or summaries may hold before the writer's auto compaction folds
         # them (kdq.tables.AUTO_COMPACT_MIN_FILES; the tables' delta.autoOptimize.autoCompact property).
