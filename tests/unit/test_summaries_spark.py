@@ -248,3 +248,40 @@ def test_the_summary_function_knows_the_registry_topics_only_when_the_rules_have
     docs = spark.createDataFrame([("t", json.dumps({"v": 2.5}).encode())], "topic STRING, value BINARY")
     got = docs.select(ss.summary_fields(spark, summaries, rules)(F.col("topic"), F.col("value"))[0]["x"]).first()[0]
     assert got == 2.5
+
+
+def test_the_observed_states_equal_summary_states(spark, config) -> None:
+    """The speed layer's summary states, observed as one JVM aggregate of the archive pass (SummaryStates), are the
+    rows of summary_states on the same records: keys, groups, lateness, counts, min/max, histograms, rejections and
+    rows exactly, sums to the last bits a different addition order may change. Spread over four partitions, so
+    the aggregate's per-task states are merged."""
+    from pyspark.sql import Observation
+
+    rng = random.Random(11)
+    rows = []
+    for _ in range(800):
+        value = rng.choice([rng.lognormvariate(3, 1), -rng.uniform(0, 50), rng.randrange(0, 1000), 0.0, -0.0, "x", None])
+        topic = rng.choice(["ops.a", "ops.b", "orders"])
+        rows.append((topic, W0 + rng.randrange(0, 1500) * 1000, rng.random() > 0.1,
+                     _doc(value, rng.choice(["prod", "dev", 'q"\\é']), rng.choice(["db", None]))))
+    rows.append(("ops.a", W0, True, json.dumps({"env": "prod"})))  # no value, a group field missing
+    watermarks = {"ops.a": W0 + 700_000, "ops.b": W0 + 100_000}  # some windows late for "wait"
+    records = _classified(spark, rows).repartition(4)
+
+    expected = {ss.key_of(r) + (r["late"],): r.asDict() for r in ss.summary_states(
+        ss.summary_values(records, config.summaries, watermarks)).collect()}
+    observation = Observation("summary_states")
+    entries = ss.with_summary_entries(records, config.summaries, watermarks)
+    observed = entries.observe(observation, ss.summary_states_metric(entries).alias("s"))
+    assert observed.count() == len(rows)  # the records pass through unchanged
+    got = {ss.key_of(r) + (r["late"],): r for r in ss.summary_states_rows(observation.get["s"])}
+
+    assert got.keys() == expected.keys() and len(got) > 50
+    assert any(key[-1] for key in got) and not all(key[-1] for key in got)  # late and on-time states both
+    for key, want in expected.items():
+        have = got[key]
+        exact = ("groups", "count", "min", "max", "hist", "rejected", "rows")
+        assert {k: have[k] for k in exact} == {k: want[k] for k in exact}, key
+        assert have["sum"] == pytest.approx(want["sum"], rel=1e-9, abs=1e-9)
+        assert have["sum_sq"] == pytest.approx(want["sum_sq"], rel=1e-9, abs=1e-9)
+        assert SummaryState.from_row(have).hist == SummaryState.from_row(want).hist

@@ -217,14 +217,14 @@ class SpeedLayer:
             replayed = True
             ingest_ms = archived_ingest_ms if archived_ingest_ms is not None else ingest_ms
         classified = transforms.mark_late(transforms.classify(batch, rules, stream, ingest_ms), before, stream)
-        if self.config.summaries:  # the summaries read the batch's classified rows too: keep them
-            classified = classified.persist()
+        summary_states: list[dict] | None = None  # observed in the archive pass; else computed from `classified`
         lap("plan")
         report: MicroBatchReport | None = None
         writes: list[Future] = []
         try:
             if not archived:
-                aggregates, classified = self._archive_and_count(classified, rules, ingest_ms, before, batch_id)
+                aggregates, summary_states, classified = self._archive_and_count(
+                    classified, rules, ingest_ms, before, batch_id)
                 self.faults.maybe_crash("after_archive", batch_id, sum(int(r["count"]) for r in aggregates))
             increments_in = increments_of(aggregates, stream.reasons_window_seconds)
             report = MicroBatchReport(
@@ -284,7 +284,7 @@ class SpeedLayer:
                     stream_summaries(
                         self.small, self.config, classified, before, self.app_id, batch_id, ingest_ms,
                         report.input_rows_by_topic, self._producer, self.push_state.record_failure, replayed, lap,
-                        rules=self.rules,
+                        rules=self.rules, states=summary_states,
                     )
             self.upkeep.merged(int(r["window_start_ms"]) for r in increments)
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
@@ -328,13 +328,12 @@ class SpeedLayer:
             self.faults.maybe_crash("before_commit", batch_id, report.input_rows)
             self._upkeep(idle_ms_before_next_trigger(started_ms, now_ms(), self._trigger_ms))
         finally:
-            # Never return (commit the batch, or unpersist its rows) while an append still runs.
+            # Never return (commit the batch) while an append still runs.
             for write in writes:
                 try:
                     write.result()
                 except Exception:  # the batch fails anyway; the first error is already propagating
                     log.exception("append of batch %d failed", batch_id)
-            classified.unpersist()
             if report is not None:
                 report.durations_ms = timings
                 self.reports[batch_id] = report
@@ -347,33 +346,44 @@ class SpeedLayer:
     def _archive_and_count(
         self, classified: DataFrame, rules: RuleSet | ClassifierDocument, ingest_ms: int, before: dict[str, int],
         batch_id: int,
-    ) -> tuple[list[dict], DataFrame]:
+    ) -> tuple[list[dict], list[dict] | None, DataFrame]:
         """Append the batch's classified records to the raw archive and return its aggregate rows
-        (:func:`kdq.spark.transforms.batch_aggregates`), computed in the same pass as an observed metric of the
-        write: each 1 KB value is read from Kafka, classified and written once, never cached (benchmarks/PERF_NOTES.md, "one pass per micro-batch").
+        (:func:`kdq.spark.transforms.batch_aggregates`) and, with summaries configured, its summary states
+        (:func:`kdq.spark.summaries.summary_states`' rows), both computed in the same pass as observed metrics of
+        the write: each 1 KB value is read from Kafka, classified and written once, never cached
+        (benchmarks/PERF_NOTES.md, "one pass per micro-batch", "the summaries in the archive's pass").
 
         The observation is merged once per result task (as an action's accumulators are), and the write is
-        one result stage: no exchange between the observed rows and the files. Returns the classified frame
-        the summaries read (the fallback batch's when Spark's Kafka source could not convert a record)."""
-        def once(frame: DataFrame) -> list[dict]:
+        one result stage: no exchange between the observed rows and the files. Also returns the classified frame
+        (the fallback batch's when Spark's Kafka source could not convert a record)."""
+        def once(frame: DataFrame) -> tuple[list[dict], list[dict] | None]:
             observation = Observation(f"kdq_batch_{batch_id}_{uuid.uuid4().hex[:8]}")
-            observed = frame.observe(observation, transforms.batch_counts_metric(frame).alias("counts"))
+            metrics = [transforms.batch_counts_metric(frame).alias("counts")]
+            if self.config.summaries:
+                from kdq.spark.summaries import summary_states_metric, with_summary_entries
+
+                frame = with_summary_entries(frame, self.config.summaries, before, self.rules)
+                metrics.append(summary_states_metric(frame).alias("summaries"))
+            observed = frame.observe(observation, *metrics)
             append_archive(observed, self.config, self.app_id, batch_id, batch_id, "stream")
-            return transforms.batch_counts_rows(observation.get["counts"])
+            values = observation.get
+            states = None
+            if self.config.summaries:
+                from kdq.spark.summaries import summary_states_rows
+
+                states = summary_states_rows(values["summaries"])
+            return transforms.batch_counts_rows(values["counts"]), states
 
         try:
-            return once(classified), classified
+            return *once(classified), classified
         except Exception as exc:
             # One record Spark's Kafka source cannot convert would fail this batch on every replay: read the
             # same offsets without it (kafka_fallback). Nothing was committed: the write failed.
             if not is_record_conversion_error(exc):
                 raise
-            classified.unpersist()
             batch = self._prepare(fallback_batch(self.spark, self.config, self.checkpoint, batch_id))
             classified = transforms.mark_late(transforms.classify(batch, rules, self.config.stream, ingest_ms), before, self.config.stream)
-            if self.config.summaries:
-                classified = classified.persist()
-            return once(classified), classified
+            return *once(classified), classified
 
     def _archived_aggregates(self, batch_id: int) -> tuple[list[dict], int | None]:
         """The aggregate rows of batch ``batch_id`` from its archived records (an earlier attempt's append

@@ -61,8 +61,11 @@ from kdq.spark.summaries.transforms import (
     state_entry,
     summary_fields,
     summary_states,
+    summary_states_metric,
+    summary_states_rows,
     summary_values,
     topic_condition,
+    with_summary_entries,
 )
 
 __all__ = [
@@ -91,6 +94,9 @@ __all__ = [
     "stream_summaries",
     "summary_fields",
     "summary_states",
+    "summary_states_metric",
+    "summary_states_rows",
     "summary_values",
     "topic_condition",
+    "with_summary_entries",
 ]

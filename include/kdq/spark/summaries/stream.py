@@ -79,11 +79,15 @@ def stream_summaries(
     replayed: bool = True,
     lap: Callable[[str], None] = lambda step: None,
     rules: RuleSet | None = None,
+    states: list[dict] | None = None,
 ) -> dict[str, int]:
     """One micro-batch of every summary on the batch's topics (see the module doc); returns counts for the report.
     ``spark``: the session of the summaries table's reads and writes (the speed layer passes its small-query
     session; ``classified`` keeps its own).
     ``rules``: the stream's rules (registry-backed topics' values are read from their decoded records).
+    ``states``: the batch's :func:`summary_states` rows when they were computed already (the speed layer observes
+    them in its archive pass: :func:`~kdq.spark.summaries.transforms.summary_states_metric`); else they are
+    computed here from ``classified``.
 
     ``watermarks`` are the per-topic maximum event times *before* the batch
     (the ledger's ``max_event_ms_before``), ``topics`` the batch's topics:
@@ -97,8 +101,10 @@ def stream_summaries(
     report = {"summary_groups": 0, "summary_late_rows": 0}
     if not summaries:
         return report
-    values = summary_values(classified.select("topic", "window_start", "valid", "value"), summaries, watermarks, rules)
-    rows = [r.asDict() for r in summary_states(values).collect()]
+    if states is None:
+        values = summary_values(classified.select("topic", "window_start", "valid", "value"), summaries, watermarks, rules)
+        states = [r.asDict() for r in summary_states(values).collect()]
+    rows = states
     late = [r for r in rows if r["late"]]
     increments = [state_entry(r) for r in rows if not r["late"]]
     lap("summary_states")

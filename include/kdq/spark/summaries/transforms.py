@@ -7,7 +7,9 @@ the batch layer's recomputation, so both compute the same thing by construction)
   is rejected, and (stream only) whether its window is already closed;
 * :func:`summary_states` — those rows → the mergeable state per (summary,
   topic, window, group): count, sum, sum of squares, min, max, histogram
-  (explode → group by bucket → ``map_from_entries``) and rejections.
+  (explode → group by bucket → ``map_from_entries``) and rejections;
+* :func:`with_summary_entries` + :func:`summary_states_metric` — the same states as one aggregate of the
+  records' entries (the JVM's ``SummaryStates``), which the speed layer observes in its archive pass.
 
 Lateness is judged per (summary, topic, window) against the topic's watermark
 (see :mod:`kdq.spark.summaries`), with the summary's own window and allowed lateness.
@@ -28,6 +30,10 @@ from kdq.spark.classifier import MAX_NESTING_DEPTH
 from kdq.summaries import SummaryState, step_decimal
 
 KEY = ("summary", "topic", "window_start_ms", "group_key")
+
+# The column of each record's summary entries (with_summary_entries) and the JVM aggregate over it.
+ENTRIES_COLUMN = "__summary_entries"
+SUMMARY_STATES_FUNCTION = "kdq_summary_states"
 
 
 def key_of(row: Mapping) -> tuple:
@@ -162,18 +168,13 @@ def summary_values(
         raise ValueError(f"summary_values: input lacks {missing}; expected topic, window_start, valid, value, got {rows.columns}")
     if not summaries:
         raise ValueError("summary_values: no summaries given")
-    on_topic = None
-    for summary in summaries:
-        cond = topic_condition(F.col("topic"), summary)
-        on_topic = cond if on_topic is None else on_topic | cond
     fields = summary_fields(rows.sparkSession, summaries, rules)
-    parsed = rows.where(F.col("valid") & on_topic).select(
+    parsed = rows.where(_counted(summaries)).select(
         "topic",
         F.unix_millis("window_start").alias("__window_ms"),
         fields(F.col("topic"), F.col("value").cast("binary")).alias("__f"),
     )
-    entries = F.array(*[_summary_entry(s, i, watermarks) for i, s in enumerate(summaries)])
-    exploded = parsed.select("topic", F.explode(entries).alias("e")).where(F.col("e").isNotNull())
+    exploded = parsed.select("topic", F.explode(_entries(summaries, watermarks)).alias("e")).where(F.col("e").isNotNull())
     return exploded.select(
         F.col("e.summary").alias("summary"),
         "topic",
@@ -185,6 +186,62 @@ def summary_values(
         F.col("e.reject").alias("reject"),
         F.col("e.late").alias("late"),
     )
+
+
+def _counted(summaries: Sequence[SummaryConfig]) -> Column:
+    """The records the summaries count: valid ones on a summary's topic."""
+    on_topic = None
+    for summary in summaries:
+        cond = topic_condition(F.col("topic"), summary)
+        on_topic = cond if on_topic is None else on_topic | cond
+    return F.col("valid") & on_topic
+
+
+def _entries(summaries: Sequence[SummaryConfig], watermarks: Mapping[str, int] | None) -> Column:
+    """The record's entries, one per summary (null where the summary is on another topic): from ``__f``,
+    ``__window_ms`` and ``topic``."""
+    return F.array(*[_summary_entry(s, i, watermarks) for i, s in enumerate(summaries)])
+
+
+def with_summary_entries(
+    rows: DataFrame,
+    summaries: Sequence[SummaryConfig],
+    watermarks: Mapping[str, int] | None = None,
+    rules: RuleSet | None = None,
+) -> DataFrame:
+    """``rows`` (as :func:`summary_values` takes them) plus :data:`ENTRIES_COLUMN`: each record's entries, the rows
+    :func:`summary_values` would explode it into, or null when no summary counts the record; the value is parsed
+    once, in the same projection. The input of :func:`summary_states_metric`."""
+    if not summaries:
+        raise ValueError("with_summary_entries: no summaries given")
+    fields = summary_fields(rows.sparkSession, summaries, rules)
+    counted = _counted(summaries)
+    parsed = rows.withColumn("__f", F.when(counted, fields(F.col("topic"), F.col("value").cast("binary")))).withColumn(
+        "__window_ms", F.unix_millis("window_start"))
+    return parsed.withColumn(ENTRIES_COLUMN, F.when(counted, _entries(summaries, watermarks))).drop("__f", "__window_ms")
+
+
+def summary_states_metric(rows: DataFrame) -> Column:
+    """:func:`summary_states` of the rows' entries (:func:`with_summary_entries`) as one aggregate value: a JSON
+    array of the same rows, computed by the JVM aggregate ``io.kdq.spark.summary.SummaryStates``.
+
+    Why: the speed layer computes it as an observed metric of the pass that writes the micro-batch's records to
+    the raw archive, beside the counts (:func:`kdq.spark.transforms.batch_counts_metric`): the batch's 1 KB rows
+    are then neither cached nor read twice (benchmarks/PERF_NOTES.md, "the summaries in the archive's pass").
+    Parse the result with :func:`summary_states_rows`. Registered once per session."""
+    spark = rows.sparkSession
+    if not spark.catalog.functionExists(SUMMARY_STATES_FUNCTION):
+        spark._jsparkSession.udf().register(
+            SUMMARY_STATES_FUNCTION, spark._jvm.io.kdq.spark.summary.SummaryStates.udaf())
+    return F.call_function(SUMMARY_STATES_FUNCTION, F.col("topic"), F.col(ENTRIES_COLUMN))
+
+
+def summary_states_rows(value: str | None) -> list[dict]:
+    """The rows of :func:`summary_states` (as ``Row.asDict``) from the value of :func:`summary_states_metric`."""
+    rows = json.loads(value) if value else []
+    for row in rows:
+        row["hist"] = {float(bucket): n for bucket, n in row["hist"].items()}
+    return rows
 
 
 def summary_states(values: DataFrame) -> DataFrame:
