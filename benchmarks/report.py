@@ -149,7 +149,7 @@ def targets(result: dict) -> list[tuple[str, str, str]]:
             f"{_n(cu['msgs_per_s'])} msgs/s (steady {_n(cu['steady_msgs_per_s'])})",
             "yes" if cu["msgs_per_s"] >= TARGETS["throughput_msgs_per_s"] else "no",
         ))
-        plain = _best(run, "plain", max(b["processes"] for b in run["baselines"]))
+        plain = _best(run, "plain", max((b["processes"] for b in run["baselines"]), default=None))
         if plain:
             ratio = cu["msgs_per_s"] / plain["msgs_per_s"]
             out.append((
