@@ -238,7 +238,8 @@ public final class BatchCounts extends Aggregator<Row, BatchCounts.Groups, Strin
         return a.compareTo(b) >= 0 ? a : b;
     }
 
-    private static void string(StringBuilder out, String s) {
+    /** {@code s} as a JSON string (null as JSON null): the aggregates' JSON output (also {@code SummaryStates}'). */
+    public static void string(StringBuilder out, String s) {
         if (s == null) {
             out.append("null");
             return;

@@ -2,7 +2,6 @@ package io.kdq.spark.summary;
 
 import java.io.Serializable;
 import java.util.HashMap;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Objects;
@@ -17,7 +16,7 @@ import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
-import tools.jackson.core.io.JsonStringEncoder;
+import io.kdq.spark.counts.BatchCounts;
 
 /**
  * A micro-batch's summary states as one aggregate value: the rows of
@@ -229,18 +228,18 @@ public final class SummaryStates extends Aggregator<Row, SummaryStates.States, S
             }
             first = false;
             out.append("{\"summary\":");
-            string(out, k.summary);
+            BatchCounts.string(out, k.summary);
             out.append(",\"topic\":");
-            string(out, k.topic);
+            BatchCounts.string(out, k.topic);
             out.append(",\"window_start_ms\":").append(k.windowNull ? "null" : Long.toString(k.windowStartMs));
             out.append(",\"group_key\":");
-            string(out, k.groupKey);
+            BatchCounts.string(out, k.groupKey);
             out.append(",\"late\":").append(k.late);
             out.append(",\"groups\":");
             if (s.groups == null) {
                 out.append("null");
             } else {
-                object(out, new LinkedHashMap<>(s.groups));
+                object(out, s.groups);
             }
             out.append(",\"count\":").append(s.count);
             out.append(",\"sum\":").append(number(s.sum));
@@ -263,7 +262,7 @@ public final class SummaryStates extends Aggregator<Row, SummaryStates.States, S
                     out.append(',');
                 }
                 firstReason = false;
-                string(out, r.getKey());
+                BatchCounts.string(out, r.getKey());
                 out.append(':').append(r.getValue());
             }
             out.append("},\"rows\":").append(s.rows).append('}');
@@ -299,20 +298,10 @@ public final class SummaryStates extends Aggregator<Row, SummaryStates.States, S
                 out.append(',');
             }
             first = false;
-            string(out, e.getKey());
+            BatchCounts.string(out, e.getKey());
             out.append(':');
-            string(out, e.getValue());
+            BatchCounts.string(out, e.getValue());
         }
         out.append('}');
-    }
-
-    private static void string(StringBuilder out, String s) {
-        if (s == null) {
-            out.append("null");
-            return;
-        }
-        out.append('"');
-        JsonStringEncoder.getInstance().quoteAsString(s, out);
-        out.append('"');
     }
 }
