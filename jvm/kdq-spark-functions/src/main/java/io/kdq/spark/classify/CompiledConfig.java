@@ -40,6 +40,11 @@ final class CompiledConfig {
     /** Topics remembered by the dispatch cache (Kafka clusters have far fewer). */
     private static final int MAX_CACHED_TOPICS = 1_000_000;
     private static final Object NO_RULE = new Object();
+    /**
+     * Whether valid records may be decided by {@link FastCheck} (true unless the JVM runs with
+     * {@code -Dkdq.classifier.fastCheck=false}: the A/B of the benchmark, the comparison of the tests).
+     */
+    static volatile boolean fastChecks = !"false".equals(System.getProperty("kdq.classifier.fastCheck"));
 
     final long maxValueBytes;
     final int maxNestingDepth;
@@ -302,9 +307,11 @@ final class CompiledConfig {
             }
             EventTime.Format format = EventTime.Format.of(r.path("event_time_format").asString("auto"));
             Schema schema = null;
+            FastCheck fast = FastCheck.ANY_JSON;
             JsonNode schemaNode = r.get("schema");
             if (schemaNode != null && !schemaNode.isNull()) {
                 schema = compileSchema(schemaNode, baseUri, registry, documents);
+                fast = FastCheck.compile(schemaNode, baseUri, registry);
                 if (probe != null) {
                     try {
                         compileSchema(dynamicRefAsRef(schemaNode), baseUri, probe, documents);
@@ -324,7 +331,7 @@ final class CompiledConfig {
                         reg.path("subject_strategy").asString(SubjectStrategy.TOPIC_NAME.key));
                 registryRule = new RegistryRule(strategy, decoders);
             }
-            return new CompiledRule(label, match, topicPattern, version, field, format, schema, registryRule);
+            return new CompiledRule(label, match, topicPattern, version, field, format, schema, fast, registryRule);
         } catch (RuntimeException | StackOverflowError e) {
             throw new IllegalArgumentException(where + ": " + describe(e), e);
         }
@@ -417,6 +424,15 @@ final class CompiledConfig {
         return exactIndex == null ? NO_RULE : rules.get(exactIndex);
     }
 
+    /** Whether {@link FastCheck} alone decides this record (valid) under the topic's rule: for the tests. */
+    boolean decidedFast(String topic, byte[] value) {
+        CompiledRule rule = ruleFor(topic);
+        FastCheck fast = rule == null ? FastCheck.ANY_JSON : rule.fast;
+        return fast != null && (rule == null || rule.registry == null) && value != null && Utf8.isValid(value)
+                && fast.check(json, value, rule == null ? null : rule.eventTimeField, inlineExecutionConfig,
+                        executionConfig) != null;
+    }
+
     Row classify(String topic, byte[] value) {
         if (failure != null) {
             return Classifier.row(Reasons.internalError(failure), null, false, "none");
@@ -449,6 +465,17 @@ final class CompiledConfig {
             }
             if (!Utf8.isValid(value)) {
                 return Classifier.row(Reasons.NOT_UTF8, null, hasField, version);
+            }
+            FastCheck fast = rule == null ? FastCheck.ANY_JSON : rule.fast;
+            if (fast != null && fastChecks) {
+                JsonNode fieldValue = fast.check(json, value, hasField ? rule.eventTimeField : null,
+                        inlineExecutionConfig, executionConfig);
+                if (fieldValue != null) {
+                    if (hasField && !fieldValue.isMissingNode()) {
+                        eventMs = EventTime.readValue(fieldValue, rule.eventTimeFormat);
+                    }
+                    return Classifier.row(null, eventMs, hasField && eventMs == null, version);
+                }
             }
             JsonNode doc;
             try {
@@ -493,11 +520,13 @@ final class CompiledConfig {
         final String[] eventTimeField;
         final EventTime.Format eventTimeFormat;
         final Schema schema;
+        /** The one-pass check of valid records for this rule's schema, or null (outside its subset). */
+        final FastCheck fast;
         /** Non-null when the topic's messages are judged by the Schema Registry (the schema their header names). */
         final RegistryRule registry;
 
         CompiledRule(String label, String match, Pattern topicPattern, String version, String[] eventTimeField,
-                EventTime.Format eventTimeFormat, Schema schema, RegistryRule registry) {
+                EventTime.Format eventTimeFormat, Schema schema, FastCheck fast, RegistryRule registry) {
             this.label = label;
             this.match = match;
             this.topicPattern = topicPattern;
@@ -505,6 +534,7 @@ final class CompiledConfig {
             this.eventTimeField = eventTimeField;
             this.eventTimeFormat = eventTimeFormat;
             this.schema = schema;
+            this.fast = fast;
             this.registry = registry;
         }
     }

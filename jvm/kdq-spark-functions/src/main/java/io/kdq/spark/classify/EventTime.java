@@ -49,9 +49,11 @@ final class EventTime {
             }
             node = node.get(name);
         }
-        if (node == null) {
-            return null;
-        }
+        return node == null ? null : readValue(node, format);
+    }
+
+    /** The event time in the field's value ({@link #read} once the field is found). */
+    static Long readValue(JsonNode node, Format format) {
         switch (format) {
             case EPOCH_MILLIS:
                 return node.isString() ? digits(node.asString()) : integral(node);

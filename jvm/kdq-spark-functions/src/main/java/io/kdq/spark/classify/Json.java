@@ -51,11 +51,13 @@ public final class Json {
     private final JsonMapper fast;
     /** Floats as BigDecimal, kept as doubles when finite (see {@link NumberNodes}). */
     private final JsonMapper exact;
+    private final JsonFactory factory;
 
     Json(int maxNestingDepth) {
         // Duplicate keys: FAIL_ON_READING_DUP_TREE_KEY (the tree builder sees the clash) does what
         // the parser's STRICT_DUPLICATE_DETECTION does at a fraction of its cost.
         JsonFactory factory = recordFactory(maxNestingDepth);
+        this.factory = factory;
         this.fast = JsonMapper.builder(factory)
                 .enable(DeserializationFeature.FAIL_ON_TRAILING_TOKENS)
                 .enable(DeserializationFeature.FAIL_ON_READING_DUP_TREE_KEY)
@@ -125,6 +127,11 @@ public final class Json {
                         .build())
                 .build();
         return JsonMapper.builder(factory).build();
+    }
+
+    /** A streaming parser over a record value, with the same limits as {@link #parse}'s (its factory). */
+    tools.jackson.core.JsonParser parser(byte[] utf8) {
+        return factory.createParser(tools.jackson.core.ObjectReadContext.empty(), utf8);
     }
 
     JsonNode parse(byte[] utf8) throws NotJson, TooComplex {
@@ -209,7 +216,7 @@ public final class Json {
     }
 
     /** Whether the text has a backslash-u escape of a surrogate (\\uD800-\\uDFFF). */
-    private static boolean mayHaveSurrogateEscape(byte[] b) {
+    static boolean mayHaveSurrogateEscape(byte[] b) {
         for (int i = 0; i + 3 < b.length; i++) {
             if (b[i] == '\\' && b[i + 1] == 'u' && (b[i + 2] == 'd' || b[i + 2] == 'D')) {
                 byte c = b[i + 3];

@@ -79,7 +79,33 @@ class ConformanceTest {
         }
     }
 
+    /** Cases (of every run) that {@link FastCheck} decided alone. */
+    static int decidedFast;
+
     record Outcome(int passed, int total, List<String> failures) {
+    }
+
+    /**
+     * The verdict of {@code c}, checked to be the same with and without {@link FastCheck}: the one-pass check may
+     * only say valid where networknt does.
+     */
+    static String verdict(Classifier c, String topic, byte[] value, String key, List<String> failures) {
+        boolean before = CompiledConfig.fastChecks;
+        try {
+            CompiledConfig.fastChecks = true;
+            Object withFast = c.call(topic, value).toSeq();
+            CompiledConfig.fastChecks = false;
+            org.apache.spark.sql.Row full = c.call(topic, value);
+            if (!withFast.equals(full.toSeq())) {
+                failures.add(key + " (the fast check gives " + withFast + ", the full way " + full.toSeq() + ")");
+            }
+            if (c.compiled().decidedFast(topic, value)) {
+                decidedFast++;
+            }
+            return (String) full.get(0);
+        } finally {
+            CompiledConfig.fastChecks = before;
+        }
     }
 
     static Outcome run(Path folder, boolean assertFormat, boolean flipFormat, Map<String, String> excluded)
@@ -114,7 +140,7 @@ class ConformanceTest {
                         Classifier c = classifiers.computeIfAbsent(format,
                                 f -> classifier(topic, name, groupIndex, group.get("schema"), f));
                         byte[] value = SUITE.writeValueAsString(test.get("data")).getBytes(StandardCharsets.UTF_8);
-                        problem = (String) c.call(topic, value).get(0);
+                        problem = verdict(c, topic, value, key, failures);
                     } catch (IllegalArgumentException e) {
                         problem = "check refused the schema: " + e.getMessage();
                     }
@@ -146,11 +172,14 @@ class ConformanceTest {
 
     @Test
     void requiredDraft202012Suite() throws IOException {
+        decidedFast = 0;
         Outcome o = run(root.resolve("tests/draft2020-12"), true, true, EXCLUDED);
         System.out.println("JSON-Schema-Test-Suite draft2020-12 (required): " + o.passed + "/" + o.total
                 + " passed, " + EXCLUDED.size() + " excluded");
         o.failures.forEach(f -> System.out.println("  FAIL " + f));
+        System.out.println("  decided by the one-pass check (FastCheck): " + decidedFast + " cases, the same as the full way");
         assertTrue(o.total > 1200, "suite not found or truncated");
+        assertTrue(decidedFast > 200, "the one-pass check decided only " + decidedFast + " cases");
         assertEquals(List.of(), o.failures);
     }
 
