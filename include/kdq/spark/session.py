@@ -131,6 +131,15 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         # rows cost ~2.4 core-µs per record (benchmarks/count_path_floor.py: 20.5 → 18.1). Beyond 4 partition
         # values in one task Spark falls back to the sort.
         "spark.sql.maxConcurrentOutputFileWriters": "4",
+        # The raw archive's `value` (the record itself, ~1 KB, nearly always distinct) in plain encoding: Parquet
+        # would first build a dictionary of every value of a row group and throw it away once it outgrows the
+        # page, ~3 core-µs per record of the archive write (benchmarks/PERF_NOTES.md, "twentieth pass"). Only
+        # the archive has a column of that name (kdq.tables).
+        "spark.hadoop.parquet.enable.dictionary#value": "false",
+        # Timestamps as Parquet's INT64 microseconds instead of the legacy INT96: Parquet dictionary-encodes the
+        # 12-byte INT96 values through a hash map of byte arrays, ~1.6 core-µs per record for the archive's four
+        # timestamps (PERF_NOTES, "twentieth pass"). Readers take both (Spark, pyarrow in kdq.spark.push_reads).
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         # Throughput collector: on 2 cores G1's concurrent marking and write
         # barriers cost the classification ~20 % (benchmarks/results/sweep.md,
         # parallel_gc); the longer pauses of a few-GB heap are far below a
