@@ -182,7 +182,10 @@ class FastCheckTest {
         ObjectNode cfg = TestSupport.config(1 << 20, true);
         TestSupport.rule(cfg, "plain", null);
         Classifier c = new Classifier(cfg.toString());
-        List<byte[]> values = utf8(ORDER, "{\"a\":1,\"a\":2}", "1e999999", "[1,2", "\"\\udc00\"", "tru", "  7  ");
+        List<byte[]> values = utf8(ORDER, "{\"a\":1,\"a\":2}", "1e999999", "[1,2", "\"\\udc00\"", "tru", "  7  ",
+                // strings nothing looks at are skipped by the parser, not read: their escapes and control
+                // characters must still make the record not JSON
+                "{\"a\":\"x\\qy\"}", "[\"\\u12\"]", "{\"a\":\"tab\there\"}", "{\"a\":[\"ok\\n\",\"\\/\"]}");
         assertTrue(compare(c, "plain", values) >= 2);
         assertTrue(compare(c, "no-rule", values) >= 2);
     }
