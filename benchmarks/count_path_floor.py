@@ -12,7 +12,13 @@ Starts its own local stack (broker) on free ports, produces the `make bench` wor
 * ``archive``: the stream's pass: classified, counted as an observed metric, appended to a partitioned Delta
   archive (the speed layer's first write);
 * ``archive_unpartitioned``: the same into an unpartitioned Delta table (no per-task sort by ``event_hour``);
-* ``archive_narrow``: the same pass writing every column but the value (what the value costs the archive).
+* ``archive_narrow``: the same pass writing every column but the value (what the value costs the archive);
+* ``summary_entries``: ``classify`` plus each record's summary entries (``with_summary_entries``: the `make bench`
+  summaries variant's two summaries), noop write;
+* ``summaries``: ``archive`` plus the summaries' states as a second observed metric (the speed layer's pass with
+  summaries configured: ``with_summary_states_metric``);
+* ``summaries_entries``: the same with the states aggregated from the entries built as Spark columns (the way
+  registry-backed topics take, and every topic's before the twenty-first pass).
 
 Prints wall time, msgs/s on the two cores and the driver JVM's CPU time per record (core-µs), which holds still
 when other programs load the machine.
@@ -30,9 +36,12 @@ from pathlib import Path
 import psutil
 
 from benchmarks import workload
-from benchmarks.__main__ import PROJECT, make_config
+from benchmarks.__main__ import PROJECT, bench_summaries, make_config
 
-VARIANTS = ("kafka_count", "kafka_rows", "classify", "archive", "archive_unpartitioned", "archive_narrow")
+VARIANTS = (
+    "kafka_count", "kafka_rows", "classify", "archive", "archive_unpartitioned", "archive_narrow", "summary_entries",
+    "summaries", "summaries_entries",
+)
 
 
 def jvm_cpu_seconds() -> float:
@@ -98,6 +107,12 @@ def main(argv=None) -> int:
     from kdq.rules import load_rules
     from kdq.spark import transforms
     from kdq.spark.session import build_session
+    from kdq.spark.summaries import (
+        summary_states_metric,
+        summary_states_rows,
+        with_summary_entries,
+        with_summary_states_metric,
+    )
     from kdq.tables import RAW_ARCHIVE
 
     work, rules_dir, stack = floor_stack("kdq-floor-", "floor-")
@@ -108,6 +123,9 @@ def main(argv=None) -> int:
             work / "data", rules_dir, kafka={"bootstrap_servers": stack.config.kafka_bootstrap()},
             spark={"conf": dict(item.split("=", 1) for item in args.conf)},
         )
+        # The `make bench` summaries variant's two summaries, on this run's topics.
+        summaries = config.with_summaries(
+            [{**s, "topic": "re:floor-.*"} for s in bench_summaries("floor")]).summaries
         topics = [f"floor-{i}" for i in range(4)]
         for topic in topics:
             stack.kafka.create_topic(topic, partitions=3)
@@ -130,14 +148,23 @@ def main(argv=None) -> int:
             ingest = int(time.time() * 1000)
             return transforms.mark_late(transforms.classify(source(), rules, stream, ingest), {}, stream)
 
-        def archive(frame, partitioned: bool, columns) -> int:
+        def archive(frame, partitioned: bool, columns, with_summaries: str = "") -> int:
             observation = Observation(f"floor_{uuid.uuid4().hex[:8]}")
-            observed = frame.observe(observation, transforms.batch_counts_metric(frame).alias("counts"))
+            metrics = [transforms.batch_counts_metric(frame).alias("counts")]
+            if with_summaries == "entries":
+                frame = with_summary_entries(frame, summaries, {}, rules)
+                metrics.append(summary_states_metric(frame).alias("summaries"))
+            elif with_summaries:
+                frame, states = with_summary_states_metric(frame, summaries, {}, rules)
+                metrics.append(states.alias("summaries"))
+            observed = frame.observe(observation, *metrics)
             out = observed.withColumn("batch_id", F.lit(0).cast("bigint")).withColumn("source", F.lit("floor"))
             writer = out.select(*columns).write.format("delta").mode("append")
             if partitioned:
                 writer = writer.partitionBy("event_hour")
             writer.save(str(work / "tables" / uuid.uuid4().hex))
+            if with_summaries and not summary_states_rows(observation.get["summaries"]):
+                raise AssertionError("summaries: no summary states observed")
             return sum(int(r["count"]) for r in transforms.batch_counts_rows(observation.get["counts"]))
 
         every = list(RAW_ARCHIVE.column_names)
@@ -157,6 +184,13 @@ def main(argv=None) -> int:
                 return archive(classified(), False, every)
             if name == "archive_narrow":
                 return archive(classified(), True, [c for c in every if c != "value"])
+            if name == "summary_entries":
+                with_summary_entries(classified(), summaries, {}, rules).write.format("noop").mode("overwrite").save()
+                return args.messages
+            if name == "summaries":
+                return archive(classified(), True, every, with_summaries="records")
+            if name == "summaries_entries":
+                return archive(classified(), True, every, with_summaries="entries")
             raise ValueError(name)
 
         interleaved([v for v in args.variants.split(",") if v], run, args.messages, args.repeat)

@@ -250,29 +250,39 @@ def test_the_summary_function_knows_the_registry_topics_only_when_the_rules_have
     assert got == 2.5
 
 
-def test_the_observed_states_equal_summary_states(spark, config) -> None:
-    """The speed layer's summary states, observed as one JVM aggregate of the archive pass (SummaryStates), are the
-    rows of summary_states on the same records: keys, groups, lateness, counts, min/max, histograms, rejections and
-    rows exactly, sums to the last bits a different addition order may change. Spread over four partitions, so
-    the aggregate's per-task states are merged."""
+@pytest.mark.parametrize("path", ["records", "entries"])
+def test_the_observed_states_equal_summary_states(spark, config, path) -> None:
+    """The speed layer's summary states, observed as one JVM aggregate of the archive pass, are the rows of
+    summary_states on the same records: keys, groups, lateness, counts, min/max, histograms, rejections and rows
+    exactly, sums to the last bits a different addition order may change. Both ways: straight from the records
+    (SummaryRecordStates, JSON topics) and from the entries built as columns (SummaryStates, registry-backed
+    topics). Spread over four partitions, so the aggregate's per-task states are merged."""
     from pyspark.sql import Observation
 
     rng = random.Random(11)
     rows = []
+    envs = ["prod", "dev", 'q"\\é', "tab\tnew\nline\x01/", {"b": [1, 2.50], "a": None}, 7, 1.5e300, True]
     for _ in range(800):
         value = rng.choice([rng.lognormvariate(3, 1), -rng.uniform(0, 50), rng.randrange(0, 1000), 0.0, -0.0, "x", None])
-        topic = rng.choice(["ops.a", "ops.b", "orders"])
+        topic = rng.choice(["ops.a", "ops.b", "orders", "ops.bc"])
         rows.append((topic, W0 + rng.randrange(0, 1500) * 1000, rng.random() > 0.1,
-                     _doc(value, rng.choice(["prod", "dev", 'q"\\é']), rng.choice(["db", None]))))
+                     _doc(value, rng.choice(envs), rng.choice(["db", None]))))
     rows.append(("ops.a", W0, True, json.dumps({"env": "prod"})))  # no value, a group field missing
+    rows.append(("ops.a", None, True, _doc(3.5)))  # no window
+    rows.append((None, W0, True, _doc(3.5)))  # no topic: no summary's
+    rows.append(("ops.b", W0, True, "not json"))  # every field missing
     watermarks = {"ops.a": W0 + 700_000, "ops.b": W0 + 100_000}  # some windows late for "wait"
     records = _classified(spark, rows).repartition(4)
 
     expected = {ss.key_of(r) + (r["late"],): r.asDict() for r in ss.summary_states(
         ss.summary_values(records, config.summaries, watermarks)).collect()}
     observation = Observation("summary_states")
-    entries = ss.with_summary_entries(records, config.summaries, watermarks)
-    observed = entries.observe(observation, ss.summary_states_metric(entries).alias("s"))
+    if path == "records":
+        entries, metric = ss.with_summary_states_metric(records, config.summaries, watermarks)
+    else:
+        entries = ss.with_summary_entries(records, config.summaries, watermarks)
+        metric = ss.summary_states_metric(entries)
+    observed = entries.observe(observation, metric.alias("s"))
     assert observed.count() == len(rows)  # the records pass through unchanged
     got = {ss.key_of(r) + (r["late"],): r for r in ss.summary_states_rows(observation.get["s"])}
 

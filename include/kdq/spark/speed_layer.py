@@ -360,10 +360,10 @@ class SpeedLayer:
             observation = Observation(f"kdq_batch_{batch_id}_{uuid.uuid4().hex[:8]}")
             metrics = [transforms.batch_counts_metric(frame).alias("counts")]
             if self.config.summaries:
-                from kdq.spark.summaries import summary_states_metric, with_summary_entries
+                from kdq.spark.summaries import with_summary_states_metric
 
-                frame = with_summary_entries(frame, self.config.summaries, before, self.rules)
-                metrics.append(summary_states_metric(frame).alias("summaries"))
+                frame, states = with_summary_states_metric(frame, self.config.summaries, before, self.rules)
+                metrics.append(states.alias("summaries"))
             observed = frame.observe(observation, *metrics)
             append_archive(observed, self.config, self.app_id, batch_id, batch_id, "stream")
             values = observation.get

@@ -66,6 +66,7 @@ from kdq.spark.summaries.transforms import (
     summary_values,
     topic_condition,
     with_summary_entries,
+    with_summary_states_metric,
 )
 
 __all__ = [
@@ -99,4 +100,5 @@ __all__ = [
     "summary_values",
     "topic_condition",
     "with_summary_entries",
+    "with_summary_states_metric",
 ]

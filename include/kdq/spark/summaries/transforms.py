@@ -236,6 +236,57 @@ def summary_states_metric(rows: DataFrame) -> Column:
     return F.call_function(SUMMARY_STATES_FUNCTION, F.col("topic"), F.col(ENTRIES_COLUMN))
 
 
+def with_summary_states_metric(
+    rows: DataFrame,
+    summaries: Sequence[SummaryConfig],
+    watermarks: Mapping[str, int] | None = None,
+    rules: RuleSet | None = None,
+) -> tuple[DataFrame, Column]:
+    """The frame to observe and the metric: :func:`summary_states` of ``rows`` (as :func:`summary_values` takes them)
+    as one aggregate value, the JSON array :func:`summary_states_rows` parses. The speed layer observes it in the
+    pass that writes the micro-batch's records to the raw archive.
+
+    Records of JSON topics go straight into the JVM aggregate ``io.kdq.spark.summary.SummaryRecordStates``: it reads
+    each counted value once and adds it to its states, with no per-record entries built as Spark columns (those cost
+    a catch-up ~13 core-µs per record; benchmarks/PERF_NOTES.md, twenty-first pass). With registry-backed topics in
+    ``rules`` the entries are built (:func:`with_summary_entries`, whose fields read decoded records) and
+    aggregated by :func:`summary_states_metric`. A test compares both with :func:`summary_states`."""
+    if not summaries:
+        raise ValueError("with_summary_states_metric: no summaries given")
+    if rules is not None and any(r.registry for r in rules.rules):
+        entries = with_summary_entries(rows, summaries, watermarks, rules)
+        return entries, summary_states_metric(entries)
+    config_json = json.dumps(
+        {
+            "fields": json.loads(summary_fields_config(summaries)),
+            "summaries": [
+                {
+                    "name": s.name,
+                    "topic": s.topic_match if s.is_pattern else s.topic,
+                    "is_pattern": s.is_pattern,
+                    "window_ms": s.window_seconds * 1000,
+                    "allowed_lateness_ms": s.allowed_lateness_seconds * 1000,
+                    "group_by": list(s.group_by),
+                }
+                for s in summaries
+            ],
+        },
+        separators=(",", ":"),
+    )
+    name = "kdq_summary_record_states_" + hashlib.sha256(config_json.encode("utf-8")).hexdigest()[:16]
+    spark = rows.sparkSession
+    if not spark.catalog.functionExists(name):
+        spark._jsparkSession.udf().register(name, spark._jvm.io.kdq.spark.summary.SummaryRecordStates.udaf(config_json))
+    if watermarks:
+        marks = F.create_map(*[c for t, ms in sorted(watermarks.items()) for c in (F.lit(t), F.lit(int(ms)))])
+        watermark = F.when(F.col("valid"), F.element_at(marks, F.col("topic")).cast("bigint"))
+    else:
+        watermark = F.lit(None).cast("bigint")
+    metric = F.call_function(
+        name, F.col("topic"), F.unix_millis("window_start"), F.col("valid"), F.col("value").cast("binary"), watermark)
+    return rows, metric
+
+
 def summary_states_rows(value: str | None) -> list[dict]:
     """The rows of :func:`summary_states` (as ``Row.asDict``) from the value of :func:`summary_states_metric`."""
     rows = json.loads(value) if value else []

@@ -1,18 +1,14 @@
 package io.kdq.spark.classify;
 
-import java.nio.ByteBuffer;
-import java.nio.charset.CharacterCodingException;
-import java.nio.charset.CharsetDecoder;
-import java.nio.charset.CodingErrorAction;
-import java.nio.charset.StandardCharsets;
-
-/** Strict UTF-8 check: the JDK decoder with REPORT (no overlongs, no encoded surrogates, max U+10FFFF). */
+/**
+ * Strict UTF-8 check: the well-formed byte sequences of the Unicode Standard (Table 3-7), which is what the JDK's
+ * UTF-8 decoder accepts with {@code CodingErrorAction.REPORT}: no overlong forms, no encoded surrogates, nothing
+ * above U+10FFFF, no truncated sequence. A test compares both on random and edge byte strings.
+ *
+ * <p>Why by hand: the decoder kept in a ThreadLocal cost ~2 % of a catch-up's CPU in the ThreadLocal lookup alone
+ * (benchmarks/PERF_NOTES.md, twenty-first pass), and it decodes every character into a buffer it throws away.
+ */
 final class Utf8 {
-    private static final ThreadLocal<CharsetDecoder> DECODER = ThreadLocal.withInitial(() -> StandardCharsets.UTF_8
-            .newDecoder()
-            .onMalformedInput(CodingErrorAction.REPORT)
-            .onUnmappableCharacter(CodingErrorAction.REPORT));
-
     private Utf8() {
     }
 
@@ -26,16 +22,50 @@ final class Utf8 {
     }
 
     static boolean isValid(byte[] value) {
-        if (isAscii(value)) {
-            return true;
+        int n = value.length;
+        int i = 0;
+        while (i < n) {
+            int b = value[i];
+            if (b >= 0) {
+                i++;
+                continue;
+            }
+            b &= 0xFF;
+            if (b >= 0xC2 && b <= 0xDF) {
+                if (i + 1 >= n || !continuation(value[i + 1])) {
+                    return false;
+                }
+                i += 2;
+            } else if (b >= 0xE0 && b <= 0xEF) {
+                if (i + 2 >= n) {
+                    return false;
+                }
+                int b1 = value[i + 1] & 0xFF;
+                int lo = b == 0xE0 ? 0xA0 : 0x80; // E0: no overlong
+                int hi = b == 0xED ? 0x9F : 0xBF; // ED: no surrogate
+                if (b1 < lo || b1 > hi || !continuation(value[i + 2])) {
+                    return false;
+                }
+                i += 3;
+            } else if (b >= 0xF0 && b <= 0xF4) {
+                if (i + 3 >= n) {
+                    return false;
+                }
+                int b1 = value[i + 1] & 0xFF;
+                int lo = b == 0xF0 ? 0x90 : 0x80; // F0: no overlong
+                int hi = b == 0xF4 ? 0x8F : 0xBF; // F4: nothing above U+10FFFF
+                if (b1 < lo || b1 > hi || !continuation(value[i + 2]) || !continuation(value[i + 3])) {
+                    return false;
+                }
+                i += 4;
+            } else {
+                return false; // a lone continuation byte, C0/C1 (overlong), F5-FF
+            }
         }
-        CharsetDecoder decoder = DECODER.get();
-        decoder.reset();
-        try {
-            decoder.decode(ByteBuffer.wrap(value));
-            return true;
-        } catch (CharacterCodingException e) {
-            return false;
-        }
+        return true;
+    }
+
+    private static boolean continuation(byte b) {
+        return (b & 0xC0) == 0x80;
     }
 }

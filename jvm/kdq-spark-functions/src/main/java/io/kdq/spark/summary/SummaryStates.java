@@ -119,7 +119,7 @@ public final class SummaryStates extends Aggregator<Row, SummaryStates.States, S
         boolean hasValue;
         double min;
         double max;
-        final HashMap<Double, Long> hist = new HashMap<>();
+        final HashMap<Bucket, Long> hist = new HashMap<>();
         final HashMap<String, Long> rejected = new HashMap<>();
         long rows;
 
@@ -129,6 +129,11 @@ public final class SummaryStates extends Aggregator<Row, SummaryStates.States, S
             min = hasValue ? Math.min(min, x) : x;
             max = hasValue ? Math.max(max, x) : x;
             hasValue = true;
+        }
+
+        /** One more row in {@code bucket}'s bar of the histogram. */
+        void addBucket(double bucket) {
+            hist.merge(new Bucket(normalized(bucket)), 1L, Long::sum);
         }
 
         void merge(State o) {
@@ -146,6 +151,31 @@ public final class SummaryStates extends Aggregator<Row, SummaryStates.States, S
             o.hist.forEach((b, n) -> hist.merge(b, n, Long::sum));
             o.rejected.forEach((r, n) -> rejected.merge(r, n, Long::sum));
             rows += o.rows;
+        }
+    }
+
+    /**
+     * A histogram bucket as a map key. Why not {@code Double}: its hash folds the high word onto the low one, so
+     * the buckets of a range of integers (100.0, 101.0, …: their low words are zero) share their low hash bits and
+     * {@code HashMap} turned their bins into trees; a multiplicative hash spreads them.
+     */
+    static final class Bucket implements Serializable {
+        private static final long serialVersionUID = 1L;
+        final double value;
+
+        Bucket(double value) {
+            this.value = value;
+        }
+
+        @Override
+        public boolean equals(Object o) {
+            return o instanceof Bucket b && Double.doubleToLongBits(b.value) == Double.doubleToLongBits(value);
+        }
+
+        @Override
+        public int hashCode() {
+            long h = Double.doubleToLongBits(value) * 0x9E3779B97F4A7C15L;
+            return (int) (h >>> 32);
         }
     }
 
@@ -194,7 +224,7 @@ public final class SummaryStates extends Aggregator<Row, SummaryStates.States, S
             }
             if (!e.isNullAt(5)) {
                 s.count++;
-                s.hist.merge(normalized(e.getDouble(5)), 1L, Long::sum);
+                s.addBucket(e.getDouble(5));
             }
             if (!e.isNullAt(6)) {
                 s.rejected.merge(e.getString(6), 1L, Long::sum);
@@ -205,6 +235,11 @@ public final class SummaryStates extends Aggregator<Row, SummaryStates.States, S
 
     @Override
     public States merge(States a, States b) {
+        return mergeStates(a, b);
+    }
+
+    /** {@code b}'s states added into {@code a}'s. */
+    static States mergeStates(States a, States b) {
         for (Map.Entry<Key, State> e : b.map.entrySet()) {
             State s = a.map.get(e.getKey());
             if (s == null) {
@@ -218,6 +253,11 @@ public final class SummaryStates extends Aggregator<Row, SummaryStates.States, S
 
     @Override
     public String finish(States states) {
+        return json(states);
+    }
+
+    /** The states as the JSON array the Python side reads ({@code summary_states_rows}). */
+    static String json(States states) {
         StringBuilder out = new StringBuilder(64 + states.map.size() * 300).append('[');
         boolean first = true;
         for (Map.Entry<Key, State> e : states.map.entrySet()) {
@@ -248,12 +288,12 @@ public final class SummaryStates extends Aggregator<Row, SummaryStates.States, S
             out.append(",\"max\":").append(s.hasValue ? number(s.max) : "null");
             out.append(",\"hist\":{");
             boolean firstBucket = true;
-            for (Map.Entry<Double, Long> b : s.hist.entrySet()) {
+            for (Map.Entry<Bucket, Long> b : s.hist.entrySet()) {
                 if (!firstBucket) {
                     out.append(',');
                 }
                 firstBucket = false;
-                out.append('"').append(Double.toString(b.getKey())).append("\":").append(b.getValue());
+                out.append('"').append(Double.toString(b.getKey().value)).append("\":").append(b.getValue());
             }
             out.append("},\"rejected\":{");
             boolean firstReason = true;

@@ -41,6 +41,21 @@ class SummaryValuesTest {
     }
 
     @Test
+    void stopsReadingOnceItHasEveryField() {
+        // Fields first, then bytes it never reads: the same entries as with the fields last (read to the end).
+        String fields = "\"currency\":\"EUR\",\"customer\":{\"tier\":\"gold\",\"id\":\"c-1\"},\"amount\":12.5";
+        String rest = "\"lines\":[{\"sku\":\"a\",\"qty\":1},{\"sku\":\"b\",\"note\":{\"x\":[1,2,{}]}}],\"z\":null";
+        assertEquals(read("{" + rest + "," + fields + "}"), read("{" + fields + "," + rest + "}"));
+        // A field set to null counts as read (its first occurrence is its only one in a valid record).
+        List<Row> nullTier = read("{\"customer\":{\"tier\":null},\"currency\":\"EUR\",\"amount\":1," + rest + "}");
+        assertEquals(Arrays.asList("EUR", null), nullTier.get(0).get(3));
+        // Tokens after the last field are not read at all (a valid record has none that could fail).
+        assertEquals(12.5, read("{" + fields + ",\"lines\":[" + "x".repeat(10) + "]}").get(0).getDouble(0));
+        // Without every field it reads to the end: a document that then breaks gives every field as missing.
+        assertEquals("missing", read("{\"amount\":1,\"currency\":\"EUR\",\"lines\":[").get(0).getString(2));
+    }
+
+    @Test
     void rejectsWithTheReasonsOfThePythonDefinition() {
         assertEquals("missing", read("{\"currency\":\"EUR\"}").get(0).getString(2));
         assertEquals("missing", read("{\"amount\":null}").get(0).getString(2));
