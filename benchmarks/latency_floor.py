@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf")
     p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra option of the Kafka source, e.g. kafka.fetch.max.wait.ms=50")
+    p.add_argument("--window-counts-property", action="append", default=[], metavar="KEY=VALUE",
+                   help="a table property of window_counts set after it is created, e.g. delta.enableDeletionVectors=false")
     args = p.parse_args(argv)
 
     from pyspark.sql import Observation
@@ -78,6 +80,12 @@ def main(argv=None) -> int:
             if spark is None:
                 spark = build_session(config, app_name="kdq-latency-floor")
             ensure_tables(spark, config)
+            if args.window_counts_property:
+                from kdq.spark.tables import table_path
+                from kdq.tables import WINDOW_COUNTS
+
+                settings = ", ".join(f"'{k}' = '{v}'" for k, v in (i.split("=", 1) for i in args.window_counts_property))
+                spark.sql(f"ALTER TABLE delta.`{table_path(config, WINDOW_COUNTS)}` SET TBLPROPERTIES ({settings})")
             small = small_query_session(spark)
             stream = config.stream
             topics = [f"lfloor-{variant}-{i}" for i in range(4)]

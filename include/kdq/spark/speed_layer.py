@@ -176,6 +176,7 @@ class SpeedLayer:
 
     def start(self, trigger_seconds: float | None = None, available_now: bool = False) -> StreamingQuery:
         ensure_metrics_topic(self.config)
+        self._warm_producer()
         ensure_tables(self.spark, self.config)
         self.reasons.flushed()  # the ledger's trim floor, before a batch may trim it
         seconds = self.config.stream.trigger_interval_seconds if trigger_seconds is None else trigger_seconds
@@ -188,6 +189,19 @@ class SpeedLayer:
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=f"{seconds} seconds")
         self._trigger_ms = 0 if available_now else int(seconds * 1000)
         return writer.start()
+
+    def _warm_producer(self) -> None:
+        """The metrics producer, created before the first micro-batch with the metrics topic's metadata fetched: its
+        connection, producer id and partition leaders are then not paid inside the first batch (up to ~1 s of a
+        catch-up's first push in `make bench`). A broker that does not answer yet is not an error here: the first
+        push waits for it, as before."""
+        if self._producer is None:
+            self._producer = metrics_producer(self.config)
+        try:
+            self._producer.list_topics(self.config.kafka.metrics_topic, timeout=10)
+        except Exception as exc:  # KafkaException: retried by the first push
+            log.warning("metrics topic %s: no metadata yet (%s); the first push will wait for it",
+                        self.config.kafka.metrics_topic, exc)
 
     # -- one micro-batch -----------------------------------------------------------
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
