@@ -128,6 +128,11 @@ class SpeedLayer:
         self.small = small_query_session(spark)
         # Its MERGEs never compact in their own commit: the upkeep does, between micro-batches (kdq.spark.stream_upkeep).
         self.small.conf.set("spark.databricks.delta.autoCompact.enabled", "false")
+        # The summaries' reads and MERGE, on their own thread beside the window counts' MERGE: a session of their
+        # own, since the MERGE's txnAppId/txnVersion guard is session-wide (one writer thread per session).
+        self.small_summaries = small_query_session(spark) if config.summaries else self.small
+        self.small_summaries.conf.set("spark.databricks.delta.autoCompact.enabled", "false")
+        self._summaries_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdq-summaries")
         self.config = config
         self.rules = rules
         self.faults = faults or FaultInjector()
@@ -235,6 +240,7 @@ class SpeedLayer:
         lap("plan")
         report: MicroBatchReport | None = None
         writes: list[Future] = []
+        summaries_step: Future | None = None  # the summaries' step beside the counts' MERGE (_start_summaries)
         try:
             if not archived:
                 aggregates, summary_states, classified = self._archive_and_count(
@@ -287,19 +293,16 @@ class SpeedLayer:
                 writes = [self._submit(timings, "reasons", self.reasons.flush, batch_id)]
             increments = increments_in.window_increments
             with self.upkeep.merging():  # after a compaction of the upkeep that still runs
+                if self.config.summaries:
+                    summaries_step = self._start_summaries(
+                        classified, before, batch_id, ingest_ms, report, replayed, summary_states)
                 merge_window_increments(self.small, increments, self.config, self.app_id, batch_id)
                 report.visible_ms = now_ms()
                 lap("merge_counts")
-                if self.config.summaries:  # own MERGE, guard and outputs; interpreted like the counts' (PERF_NOTES.md)
-                    from kdq.spark.summaries import stream_summaries
-
-                    if self._producer is None:
-                        self._producer = metrics_producer(self.config)
-                    stream_summaries(
-                        self.small, self.config, classified, before, self.app_id, batch_id, ingest_ms,
-                        report.input_rows_by_topic, self._producer, self.push_state.record_failure, replayed, lap,
-                        rules=self.rules, states=summary_states,
-                    )
+                if summaries_step is not None:
+                    timings.update(summaries_step.result())
+                    summaries_step = None
+                    lap("summaries_wait")
             self.upkeep.merged(int(r["window_start_ms"]) for r in increments)
             self.faults.maybe_crash("after_merge", batch_id, report.input_rows)
 
@@ -342,8 +345,8 @@ class SpeedLayer:
             self.faults.maybe_crash("before_commit", batch_id, report.input_rows)
             self._upkeep(idle_ms_before_next_trigger(started_ms, now_ms(), self._trigger_ms))
         finally:
-            # Never return (commit the batch) while an append still runs.
-            for write in writes:
+            # Never return (commit the batch) while an append or the summaries' MERGE still runs.
+            for write in [*writes, *([summaries_step] if summaries_step is not None else [])]:
                 try:
                     write.result()
                 except Exception:  # the batch fails anyway; the first error is already propagating
@@ -514,6 +517,33 @@ class SpeedLayer:
             )
         return applied
 
+    def _start_summaries(
+        self, classified: DataFrame, before: dict, batch_id: int, ingest_ms: int, report: MicroBatchReport,
+        replayed: bool, states: list[dict] | None,
+    ) -> Future:
+        """The batch's summaries (read, MERGE, late windows, outputs: :func:`kdq.spark.summaries.stream_summaries`) on
+        their own thread and session, beside the window counts' MERGE: both are mostly the driver planning Delta's
+        small jobs, so on two cores the second no longer waits for the first (benchmarks/PERF_NOTES.md,
+        "twenty-second pass"). Their session has its own txnAppId/txnVersion guard; Delta keeps one version per app
+        id and table, so the two MERGEs' guards are independent. The future's value: the step durations (ms)."""
+        from kdq.spark.summaries import stream_summaries
+
+        if self._producer is None:
+            self._producer = metrics_producer(self.config)
+        producer = self._producer
+
+        def run() -> dict[str, int]:
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "summaries")
+            clock = StepClock(millis=True)
+            stream_summaries(
+                self.small_summaries, self.config, classified, before, self.app_id, batch_id, ingest_ms,
+                report.input_rows_by_topic, producer, self.push_state.record_failure, replayed, clock.lap,
+                rules=self.rules, states=states,
+            )
+            return clock.durations
+
+        return self._summaries_thread.submit(run)
+
     def _submit(self, timings: dict[str, int], name: str, action: Callable[..., None], *args) -> Future:
         def timed() -> None:
             started = time.monotonic()
@@ -559,6 +589,7 @@ class SpeedLayer:
         checkpoint: its owner does), then flush and drop the metrics producer (its client threads would otherwise
         outlive the query)."""
         self._writers.shutdown(wait=True)
+        self._summaries_thread.shutdown(wait=True)
         self._upkeep_thread.shutdown(wait=True)
         if flush_reasons:
             try:
