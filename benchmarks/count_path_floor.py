@@ -113,6 +113,7 @@ def main(argv=None) -> int:
         with_summary_entries,
         with_summary_states_metric,
     )
+    from kdq.spark.writers import ARCHIVE_WRITE_OPTIONS
     from kdq.tables import RAW_ARCHIVE
 
     work, rules_dir, stack = floor_stack("kdq-floor-", "floor-")
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
                 metrics.append(states.alias("summaries"))
             observed = frame.observe(observation, *metrics)
             out = observed.withColumn("batch_id", F.lit(0).cast("bigint")).withColumn("source", F.lit("floor"))
-            writer = out.select(*columns).write.format("delta").mode("append")
+            writer = out.select(*columns).write.format("delta").mode("append").options(**ARCHIVE_WRITE_OPTIONS)
             if partitioned:
                 writer = writer.partitionBy("event_hour")
             writer.save(str(work / "tables" / uuid.uuid4().hex))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
@@ -118,6 +119,12 @@ def test_archive_append_is_idempotent_and_checks_columns(spark, tmp_path) -> Non
     archive = spark.read.format("delta").load(str(config.tables_dir / "raw_archive"))
     assert archive.count() == 1
     assert archive.first()["source"] == "stream" and archive.first()["batch_id"] == 3
+    # The archive's files are Parquet's LZ4_RAW (ARCHIVE_WRITE_OPTIONS; pyarrow names the codec LZ4), read by both.
+    files = list((config.tables_dir / "raw_archive").rglob("*.parquet"))
+    assert len(files) == 1 and ".lz4raw." in files[0].name, files
+    parquet = pq.ParquetFile(files[0])
+    assert {parquet.metadata.row_group(0).column(i).compression for i in range(parquet.metadata.num_columns)} == {"LZ4"}
+    assert parquet.read(columns=["value"]).column("value").to_pylist() == [b'{"a":1}']
 
     try:
         append_archive(rows.drop("counted"), config, "app", 4, 4, "stream")
