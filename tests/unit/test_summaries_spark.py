@@ -11,7 +11,9 @@ from pyspark.sql import functions as F
 
 from kdq.config import SummaryConfig
 from kdq.spark import summaries as ss
+from kdq.spark.summaries.transforms import key_of
 from kdq.spark.tables import ensure_tables, table_path
+from kdq.spark.writers import STALE_READ
 from kdq.summaries import (
     MISSING,
     NOT_NUMERIC,
@@ -211,10 +213,20 @@ def test_merge_read_back_and_sql_statistics_equal_python(spark, config) -> None:
         assert dict(row["percentiles"]) == {k: stats[k] for k in ("p50", "p90", "p99", "p99.9")}
         assert row["precision"] == "3 significant digits" and row["updated_by"] == "stream"
         assert row["window_end"].timestamp() * 1000 - key[2] == 600_000
-    # Absolute writes: a group whose state became empty is deleted.
-    gone = {**first[1], "state": SummaryState()}
-    ss.merge_absolute(spark, config, [gone], "batch-app", 0)
-    assert len(ss.read_states(spark, config, [("wait", "ops.a", W0)])) == 1
+    # Absolute writes are compare-and-sets on the group as read: one the stream changed since fails and writes
+    # nothing; a group whose state became empty is deleted.
+    read = ss.read_states(spark, config, [("wait", "ops.a", W0)])
+    dev = key_of(first[1])
+    gone = ss.diff_states([("wait", "ops.a", W0)], {k: v for k, v in read.items() if k != dev}, read)
+    assert [key_of(c) for c in gone] == [dev] and gone[0]["old_updated_us"] == read[dev]["updated_us"]
+    ss.merge_increments(spark, config, [first[1]], APP, 2)  # the stream adds to it after the read
+    with pytest.raises(Exception, match=STALE_READ):
+        ss.merge_absolute(spark, config, gone, "batch-app", 0)
+    assert ss.read_states(spark, config, [("wait", "ops.a", W0)])[dev]["state"] == merge(first[1]["state"], first[1]["state"])
+    gone = ss.diff_states([("wait", "ops.a", W0)], {k: v for k, v in read.items() if k != dev},
+                          ss.read_states(spark, config, [("wait", "ops.a", W0)]))
+    ss.merge_absolute(spark, config, gone, "batch-app", 0)
+    assert set(ss.read_states(spark, config, [("wait", "ops.a", W0)])) == set(read) - {dev}
 
 
 def test_limits_fail_loudly(config) -> None:

@@ -24,6 +24,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+# The entry's field: how many summary groups the batch adds increments to (its summaries' MERGE commits only when
+# there is one). A cut of the stream (kdq.spark.stream_cut) waits for that MERGE only when it is non-zero.
+SUMMARY_INCREMENTS_KEY = "summary_increments"
+
 
 class MicroBatchLedger:
     def __init__(self, spark: SparkSession, checkpoint: str, keep: int = 500, directory: str = "kdq_ledger") -> None:

@@ -47,7 +47,9 @@ changed since the cut makes the write fail and the rebuild start over from a
 new cut, up to ``MAX_ATTEMPTS`` times). Windows the stream still counts get
 the new rules for the records already counted; the stream's own later
 batches count with the rules it runs with. The archive update rewrites only
-the cut's rows. Both Delta MERGEs retry on a conflicting concurrent commit.
+the cut's rows. Both Delta MERGEs retry on a conflicting concurrent commit. The summaries of the range
+(:func:`kdq.spark.summaries.rebuild_summaries`) go through the same cut: the stored states at the cut's
+``summaries`` version, the stream's later rows left out, a compare-and-set at the write.
 
 **Cost.** The range's archive partitions are read (twice: counts, then the
 archive update); the touched windows' keys and counts are collected on the
@@ -457,7 +459,7 @@ def _rebuild_at(
                 report.summaries_corrections = len(
                     rebuild_summaries(
                         spark, config, archive, selected, reclassified, from_ms, to_ms, topics, run_id,
-                        rebuild_app_id(from_ms, to_ms),
+                        rebuild_app_id(from_ms, to_ms), cut,
                     )
                 )
         finally:

@@ -67,7 +67,7 @@ from kdq.spark import transforms
 from kdq.spark.classifier import ClassifierDocument
 from kdq.spark.faults import FaultInjector
 from kdq.spark.kafka_fallback import fallback_batch, is_record_conversion_error
-from kdq.spark.ledger import MicroBatchLedger, RulesDocuments
+from kdq.spark.ledger import SUMMARY_INCREMENTS_KEY, MicroBatchLedger, RulesDocuments
 from kdq.spark.outputs import push_batch_influx
 from kdq.spark.push_reads import counts_version, read_merge_output, read_range_at
 from kdq.spark.reasons_flush import REASONS_KEY, ReasonsFlush
@@ -274,6 +274,9 @@ class SpeedLayer:
                         "late_rows": report.late_rows,
                         "invalid_rows": report.invalid_rows,
                         REASONS_KEY: increments_in.reason_increments,
+                        # Known here when the archive's pass observed the states (else a cut waits for the MERGE).
+                        **({} if summary_states is None else
+                           {SUMMARY_INCREMENTS_KEY: sum(1 for r in summary_states if not r["late"])}),
                     }
                 )
             self._newest_entry = max(self._newest_entry, batch_id)

@@ -22,6 +22,14 @@ while only its archive append has landed; ingest times grow with batch ids, and 
 all predate this one's). The first race is gone by
 construction. The second is caught at the write: :func:`kdq.spark.batch_layer._merge_absolute` checks that
 each stored count is still the one read (a compare-and-set inside the MERGE) and the job starts over.
+
+With summaries configured the cut also fixes a ``summaries`` version holding the stream's summary increments of
+exactly the batches up to ``T``. The stream MERGEs them beside its window counts' MERGE, so either may land
+first: the cut waits for batch ``T``'s (when its ledger entry says it has any), and takes the counts again when
+batch ``T + 1``'s landed first. A summaries rebuild reads the stored states at that version, leaves out every
+stream row of the later batches (counted for the window counts or not: a record too late for its 1-second
+window may still be in time for its summary's), and writes with the same compare-and-set
+(:func:`kdq.spark.summaries.store.merge_absolute`).
 """
 
 from __future__ import annotations
@@ -36,11 +44,12 @@ from pyspark.sql import functions as F
 
 from kdq import storage
 from kdq.config import Config
+from kdq.spark.ledger import SUMMARY_INCREMENTS_KEY
 from kdq.spark.reasons_flush import REASONS_KEY, pending_reason_rows
 from kdq.spark.tables import table_path
 from kdq.spark.writers import delta_snapshot, stream_reason_frame
 from kdq.stream.checkpoint_offsets import batch_timestamp_ms, speed_layer_checkpoint
-from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, WINDOW_COUNTS
+from kdq.tables import INVALID_REASONS, RAW_ARCHIVE, SUMMARIES, WINDOW_COUNTS
 from kdq.writers_journal import WAITS
 
 log = logging.getLogger("kdq.batch")
@@ -69,6 +78,9 @@ class StreamCut:
     excluded_from_ms: int | None
     # The reasons of batches up to last_merged not in invalid_reasons yet (ledger rows; not logged: one per window).
     pending_reasons: tuple[dict, ...] = field(default=(), repr=False)
+    # The summaries version holding the stream's summary increments of exactly the batches up to last_merged
+    # (None: no summaries configured).
+    summaries_version: int | None = None
 
     def archive_rows(self) -> Column:
         """Archive rows the stored counts may hold: all but the stream-counted rows of later batches."""
@@ -78,6 +90,17 @@ class StreamCut:
             (F.coalesce(F.col("source"), F.lit("")) == "stream")
             & F.col("counted")
             & (F.col("ingest_time") >= F.timestamp_millis(F.lit(self.excluded_from_ms)))
+        )
+        return ~later
+
+    def summary_rows(self) -> Column:
+        """Archive rows the stored summaries at ``summaries_version`` may hold: all but the stream's rows of later
+        batches, whether the window counts counted them or not (a later batch's summaries MERGE adds those it is
+        in time for; the hourly recompute the others)."""
+        if self.excluded_from_ms is None:
+            return F.lit(True)
+        later = (F.coalesce(F.col("source"), F.lit("")) == "stream") & (
+            F.col("ingest_time") >= F.timestamp_millis(F.lit(self.excluded_from_ms))
         )
         return ~later
 
@@ -147,29 +170,54 @@ def _pending_reasons(config: Config, flushed: int, last_merged: int) -> list[dic
     return pending_reason_rows(entries)
 
 
+def _summaries_hold(config: Config, summaries, app_id: str | None, last_merged: int) -> bool | None:
+    """Whether the ``summaries`` snapshot holds the stream's summary increments of exactly the batches up to
+    ``last_merged``: True; False while batch ``last_merged``'s MERGE (beside its counts') has not landed; None when
+    a later batch's has. Earlier batches' landed: a batch starts after the previous one's summaries finished."""
+    held = _txn(summaries, app_id)
+    if held > last_merged:
+        return None
+    if app_id is None or held == last_merged:
+        return True
+    entry = _ledger_entry(config, last_merged)
+    # No field (an entry written without the observed states, or by an older kdq): it may have increments.
+    return entry is not None and int(entry.get(SUMMARY_INCREMENTS_KEY, 1)) == 0
+
+
 def stream_cut(spark: SparkSession, config: Config, wait_seconds: float = 120.0) -> StreamCut:
-    """The cut as of now (reads three Delta logs and at most one ledger entry); waits up to
-    ``wait_seconds`` for the stream's appends of its last merged batch, else :class:`StreamAppendsBehind`."""
+    """The cut as of now (reads three or four Delta logs and a few ledger entries); waits up to
+    ``wait_seconds`` for the stream's appends (and summaries) of its last merged batch, else
+    :class:`StreamAppendsBehind`."""
     app_id = _stream_app_id(config)
     counts = delta_snapshot(spark, table_path(config, WINDOW_COUNTS))
     last_merged = _txn(counts, app_id)
     waiting_since = time.monotonic()
     deadline = waiting_since + wait_seconds
     WAITS.cut()
+    summaries = None
     while True:
         archive = delta_snapshot(spark, table_path(config, RAW_ARCHIVE))
         reasons = delta_snapshot(spark, table_path(config, INVALID_REASONS))
         archived, reasoned = _txn(archive, app_id), _txn(reasons, app_id)
         pending = [] if app_id is None or reasoned >= last_merged else _pending_reasons(config, reasoned, last_merged)
-        if archived >= last_merged and pending is not None:
+        held: bool | None = True
+        if config.summaries:
+            summaries = delta_snapshot(spark, table_path(config, SUMMARIES))
+            held = _summaries_hold(config, summaries, app_id, last_merged)
+        if archived >= last_merged and pending is not None and held:
             break
         if time.monotonic() > deadline:
             WAITS.waited_for_stream(time.monotonic() - waiting_since)
             raise StreamAppendsBehind(
                 f"the stream's micro-batch {last_merged} is in window_counts but its appends have not landed "
-                f"after {wait_seconds:.0f}s (archive holds batch {archived}, invalid_reasons {reasoned}); "
-                "retry later"
+                f"after {wait_seconds:.0f}s (archive holds batch {archived}, invalid_reasons {reasoned}"
+                + ("" if summaries is None else f", summaries {_txn(summaries, app_id)}") + "); retry later"
             )
+        if held is None:  # the next batch's summaries landed before its counts' MERGE: take the counts again
+            counts = delta_snapshot(spark, table_path(config, WINDOW_COUNTS))
+            last_merged = _txn(counts, app_id)
+            time.sleep(0.2)
+            continue
         time.sleep(1.0)
     if time.monotonic() - waiting_since >= 1.0:  # it waited for the stream's appends (the writers journal)
         WAITS.waited_for_stream(time.monotonic() - waiting_since)
@@ -183,6 +231,7 @@ def stream_cut(spark: SparkSession, config: Config, wait_seconds: float = 120.0)
         reasons_version=int(reasons.version()),
         excluded_from_ms=excluded,
         pending_reasons=tuple(pending),
+        summaries_version=None if summaries is None else int(summaries.version()),
     )
     log.info("stream cut: %s (%d pending reason rows)", cut, len(cut.pending_reasons))
     return cut

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -29,9 +30,14 @@ from kdq.spark.summaries.outputs import push_summary_corrections
 from kdq.spark.summaries.store import check_limits, merge_absolute, read_states
 from kdq.spark.summaries.transforms import KEY, active_summaries, key_of, state_entry, summary_states, summary_values
 from kdq.spark.tables import table_path
-from kdq.spark.writers import append_once, retry_on_conflict
+from kdq.spark.writers import append_once, is_stale_read, retry_on_conflict
 from kdq.summaries import SummaryState, same_state, statistics
 from kdq.tables import SUMMARIES, SUMMARY_CORRECTIONS, SUMMARY_LATE_WINDOWS
+
+if TYPE_CHECKING:
+    from kdq.spark.stream_cut import StreamCut
+
+STALE_READ_ATTEMPTS = 5  # reads of the stored states a recompute takes while other writers keep changing them
 
 log = logging.getLogger("kdq.summaries")
 
@@ -146,7 +152,8 @@ def diff_states(
     """Groups of the given windows whose recomputed state differs from the stored one (see same_state).
 
     A stored group the recomputation no longer has changes to the empty state
-    (its row is deleted).
+    (its row is deleted). Each change carries the stored group it replaces (``old_state``, ``old_updated_us``;
+    None: no row), which :func:`~kdq.spark.summaries.store.merge_absolute` checks is still stored.
     """
     wanted = set(windows)
     changes = []
@@ -156,7 +163,7 @@ def diff_states(
         old = stored[key]["state"] if key in stored else SummaryState()
         entry = new.get(key) or {**stored[key], "state": SummaryState()}
         if not same_state(old, entry["state"]):
-            changes.append({**entry, "old_state": old})
+            changes.append({**entry, "old_state": old, "old_updated_us": stored[key]["updated_us"] if key in stored else None})
     return changes
 
 
@@ -221,7 +228,8 @@ def _append_corrections(
 
 
 def apply_summary_corrections(
-    spark: SparkSession, config: Config, changes: Sequence[dict], run_id: str, interval: tuple[int, int], reason: str, app_id: str
+    spark: SparkSession, config: Config, changes: Sequence[dict], run_id: str, interval: tuple[int, int], reason: str,
+    app_id: str, stale_reads: bool = True,
 ) -> list[dict]:
     """Record ``changes`` in summary_corrections, then MERGE the new absolute states, once per version.
 
@@ -249,6 +257,7 @@ def apply_summary_corrections(
             "summary correction",
         ),
         "summary corrections",
+        stale_reads=stale_reads,
     )
     return rows
 
@@ -308,9 +317,20 @@ def recompute_summaries(
     if windows:
         archive = spark.read.format("delta").load(table_path(config, RAW_ARCHIVE))
         new = recompute_states(spark, config, archive, windows)
-        changes = diff_states(windows, new, read_states(spark, config, windows))
         check_limits(config, {c_key: c for c_key, c in new.items()})
-        rows = apply_summary_corrections(spark, config, changes, run_id, interval, reason, batch_app_id(interval[0]))
+        for attempt in range(1, STALE_READ_ATTEMPTS + 1):
+            changes = diff_states(windows, new, read_states(spark, config, windows))
+            try:
+                rows = apply_summary_corrections(
+                    spark, config, changes, run_id, interval, reason, batch_app_id(interval[0]), stale_reads=False)
+                break
+            except Exception as exc:
+                # The stream never adds to a late window again (kdq.spark.batch_layer, "why the recompute cannot
+                # race the stream"), but another absolute writer (a rebuild) may have set it since the read.
+                if attempt == STALE_READ_ATTEMPTS or not is_stale_read(exc):
+                    raise
+                log.warning("summaries recompute: a stored state changed since it was read (attempt %d); reading again",
+                            attempt)
         result.corrections = len(rows)
         result.changes = [{k: r[k] for k in (*KEY, "old_count", "new_count")} for r in rows[:100]]
     if push:
@@ -331,6 +351,7 @@ def rebuild_summaries(
     topics: Sequence[str] | None,
     run_id: str,
     app_id: str,
+    cut: StreamCut,
 ) -> list[dict]:
     """Recompute every summary window with records in [from, to) after reclassification (see kdq.spark.rebuild).
 
@@ -339,9 +360,20 @@ def rebuild_summaries(
     their archived one. Stored windows overlapping the range are recomputed
     too, so a state the archive no longer supports is corrected.
     Corrections have reason ``rebuild`` and interval (from, to).
+
+    Beside the running stream it reads through the rebuild's ``cut`` (:mod:`kdq.spark.stream_cut`): the stored
+    states at ``cut.summaries_version``, the rows ``cut.summary_rows()`` keeps (``archive``, ``selected`` and
+    ``reclassified`` are the counts' rows of that cut: the stream's uncounted rows of later batches are dropped
+    here). A state the stream changed since is caught by the write's compare-and-set: the
+    :data:`~kdq.spark.writers.STALE_READ` error reaches the rebuild, which starts over from a new cut.
     """
     if not config.summaries or (topics and not active_summaries(config, topics)):
         return []  # no summary on the rebuilt topics: nothing to read
+    if cut.excluded_from_ms is not None:
+        held = cut.summary_rows()
+        later = selected.where(~held).select("topic", "partition", "offset")
+        archive, selected = archive.where(held), selected.where(held)
+        reclassified = reclassified.join(later, ["topic", "partition", "offset"], "left_anti")
     found = set()
     moved = selected.select("topic", "window_start").union(reclassified.select("topic", "window_start")).distinct()
     for row in moved.select("topic", F.unix_millis("window_start").alias("w")).collect():
@@ -353,6 +385,7 @@ def rebuild_summaries(
     max_size = max(s.window_seconds for s in config.summaries) * 1000
     stored = (
         spark.read.format("delta")
+        .option("versionAsOf", int(cut.summaries_version))
         .load(table_path(config, SUMMARIES))
         .where((F.col("window_start") < F.timestamp_millis(F.lit(to_ms))) & (F.col("window_end") > F.timestamp_millis(F.lit(from_ms))))
         .where(F.col("window_start") >= F.timestamp_millis(F.lit(from_ms - max_size)))
@@ -372,5 +405,6 @@ def rebuild_summaries(
     rows = reclassified.select(*columns).unionByName(outside.select(*columns))
     summaries = [config.summary(name) for name in sorted({s for s, _, _ in windows})]
     new = _states_of(spark, rows, summaries, windows, load_rules(config.rules_dir))
-    changes = diff_states(windows, new, read_states(spark, config, windows))
-    return apply_summary_corrections(spark, config, changes, run_id, (int(from_ms), int(to_ms)), "rebuild", app_id)
+    changes = diff_states(windows, new, read_states(spark, config, windows, cut.summaries_version))
+    return apply_summary_corrections(
+        spark, config, changes, run_id, (int(from_ms), int(to_ms)), "rebuild", app_id, stale_reads=False)

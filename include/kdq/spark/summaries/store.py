@@ -20,7 +20,7 @@ from kdq.config import Config, SummaryConfig
 from kdq.spark.summaries.transforms import key_of, state_entry
 from kdq.spark.tables import table_path
 from kdq.spark.transforms import window_partition_columns
-from kdq.spark.writers import idempotent_write, retry_on_conflict
+from kdq.spark.writers import STALE_READ, idempotent_write, retry_on_conflict
 from kdq.sql_literals import date_literal, timestamp_literal
 from kdq.summaries import SummaryLimitError, SummaryState, percentile_fraction, percentile_name, precision_label
 from kdq.tables import SUMMARIES
@@ -62,8 +62,12 @@ _SOURCE_SCHEMA = (
 )
 
 
-def _source(spark: SparkSession, config: Config, rows: Sequence[Mapping], updated_by: str) -> DataFrame:
-    """Python rows (KEY, groups, and a SummaryState under "state") → a MERGE source with the derived columns."""
+def _source(
+    spark: SparkSession, config: Config, rows: Sequence[Mapping], updated_by: str, stored: bool = False
+) -> DataFrame:
+    """Python rows (KEY, groups, and a SummaryState under "state") → a MERGE source with the derived columns.
+    ``stored``: also the group as its job read it (``old_count``, ``old_updated_us``; null: no row), for
+    :func:`merge_absolute`'s compare-and-set."""
     data = []
     for r in rows:
         s = config.summary(r["summary"])
@@ -75,10 +79,12 @@ def _source(spark: SparkSession, config: Config, rows: Sequence[Mapping], update
                 r["group_key"], dict(r["groups"] or {}), state.count, state.sum, state.sum_sq, state.min, state.max,
                 dict(state.hist), dict(state.rejected), [percentile_name(q) for q in s.percentiles],
                 [n for n, _ in fractions], [d for _, d in fractions], precision_label(s),
+                *((r["old_state"].count, r["old_updated_us"]) if stored else ()),
             )
         )
     derived = derived_sql("count", "sum", "sum_sq", "hist", "pct_num", "pct_den", "pct_names")
-    return spark.createDataFrame(data, _SOURCE_SCHEMA).select(
+    schema = _SOURCE_SCHEMA + (", old_count BIGINT, old_updated_us BIGINT" if stored else "")
+    return spark.createDataFrame(data, schema).select(
         "summary",
         "topic",
         F.timestamp_millis("window_start_ms").alias("window_start"),
@@ -102,6 +108,7 @@ def _source(spark: SparkSession, config: Config, rows: Sequence[Mapping], update
         "pct_names",
         "pct_num",
         "pct_den",
+        *(("old_count", "old_updated_us") if stored else ()),
     )
 
 
@@ -163,28 +170,47 @@ def merge_increments(
 def merge_absolute(
     spark: SparkSession, config: Config, rows: Sequence[Mapping], app_id: str, version: int, updated_by: str = "batch"
 ) -> None:
-    """Set absolute states (deleting groups whose state became empty) once per (app id, version)."""
+    """Set absolute states (deleting groups whose state became empty) once per (app id, version).
+
+    A compare-and-set, like the window counts' (:func:`kdq.spark.batch_layer._merge_absolute`): each row carries
+    the stored group its job read (``old_state``, ``old_updated_us``: :func:`diff_states`), and the group must
+    still be that one (same ``updated_at``, same count; no row when none was read). Otherwise another writer (a
+    stream micro-batch's increments, another batch job) changed it in between and writing would lose that change:
+    the MERGE fails with :data:`kdq.spark.writers.STALE_READ`, commits nothing, and the job reads again.
+    """
     if not rows:
         return
     from delta.tables import DeltaTable
 
-    source = _source(spark, config, rows, updated_by).withColumn(
+    source = _source(spark, config, rows, updated_by, stored=True).withColumn(
         "__empty", (F.col("count") == 0) & (F.size("rejected") == 0)
     )
-    update = {name: f"s.`{name}`" for name in SUMMARIES.column_names if name not in ("summary", "topic", "window_start", "group_key", "window_date", "window_hour")}
+    stale = (
+        f"raise_error(concat('{STALE_READ}: summaries ', s.summary, ' ', s.topic, ' ', CAST(s.window_start AS STRING), "
+        "' ', s.group_key, ' changed since it was read (another writer); read again'))"
+    )
+    same = "unix_micros(t.updated_at) <=> s.old_updated_us AND t.`count` = s.old_count"
+    keys = ("summary", "topic", "window_start", "group_key", "window_date", "window_hour")
+    update = {name: f"s.`{name}`" for name in SUMMARIES.column_names if name not in keys}
+    update["count"] = f"CASE WHEN {same} THEN s.`count` ELSE {stale} END"
+    insert = {**_insert_values(), "count": f"CASE WHEN s.old_updated_us IS NULL THEN s.`count` ELSE {stale} END"}
     target = DeltaTable.forPath(spark, table_path(config, SUMMARIES)).alias("t")
     with idempotent_write(spark, app_id, version):
         (
             target.merge(source.alias("s"), _merge_condition(rows))
-            .whenMatchedDelete(condition="s.__empty")
-            .whenMatchedUpdate(set=update)
-            .whenNotMatchedInsert(condition="NOT s.__empty", values=_insert_values())
+            .whenMatchedDelete(condition=f"s.__empty AND {same}")
+            .whenMatchedUpdate(set=update)  # an empty state whose row changed meanwhile comes here, and fails
+            .whenNotMatchedInsert(condition="NOT s.__empty", values=insert)
             .execute()
         )
 
 
-def read_states(spark: SparkSession, config: Config, windows: Iterable[tuple[str, str, int]]) -> dict[tuple, dict]:
-    """Every stored group of the given (summary, topic, window_start_ms): KEY → {groups, state}.
+def read_states(
+    spark: SparkSession, config: Config, windows: Iterable[tuple[str, str, int]], version: int | None = None
+) -> dict[tuple, dict]:
+    """Every stored group of the given (summary, topic, window_start_ms): KEY → {groups, state, updated_us} (the
+    row's ``updated_at`` in microseconds, what :func:`merge_absolute`'s compare-and-set checks). ``version``: the
+    table's version to read (a rebuild's cut, :mod:`kdq.spark.stream_cut`); else the latest.
 
     Literal predicates (partition dates, window starts, names) rather than a
     join: Delta prunes partitions and files with them, and the few rows a
@@ -197,21 +223,23 @@ def read_states(spark: SparkSession, config: Config, windows: Iterable[tuple[str
     starts = sorted({timestamp_literal(w) for _, _, w in wanted})
     names = sorted({s for s, _, _ in wanted})
     topics = sorted({t for _, t, _ in wanted})
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", int(version))
     table = (
-        spark.read.format("delta")
-        .load(table_path(config, SUMMARIES))
+        reader.load(table_path(config, SUMMARIES))
         .where(f"window_date IN ({', '.join(dates)}) AND window_start IN ({', '.join(starts)})")
         .where(F.col("summary").isin(names) & F.col("topic").isin(topics))
         .select(
             "summary", "topic", F.unix_millis("window_start").alias("window_start_ms"), "group_key", "groups",
-            "count", "sum", "sum_sq", "min", "max", "hist", "rejected",
+            "count", "sum", "sum_sq", "min", "max", "hist", "rejected", F.unix_micros("updated_at").alias("updated_us"),
         )
     )
     out: dict[tuple, dict] = {}
     for row in table.collect():
         r = row.asDict()
         if (r["summary"], r["topic"], r["window_start_ms"]) in wanted:
-            out[key_of(r)] = state_entry(r)
+            out[key_of(r)] = {**state_entry(r), "updated_us": r["updated_us"]}
     return out
 
 
