@@ -56,6 +56,7 @@ class Stream:
         coarse = window_ms // 60_000 * 60_000
         self.ledger.write({"batch_id": batch_id, "ingest_time_ms": ingest_ms, "max_event_ms_before": {},
                            "max_event_ms_after": {TOPIC: window_ms + 100}, "invalid_rows": not_json,
+                           "input_rows_by_topic": {TOPIC: len(offsets)},
                            REASONS_KEY: [{"topic": TOPIC, "window_start_ms": coarse, "reason": "not_json", "count": not_json}]
                            if not_json else []})
         self.increments[batch_id] = [

@@ -57,7 +57,8 @@ class Stream:
             {}, self.config.stream,
         )
         self.ledger.write({"batch_id": batch_id, "ingest_time_ms": ingest_ms, "max_event_ms_before": {},
-                           "max_event_ms_after": {TOPIC: W + 100}, "invalid_rows": 0})
+                           "max_event_ms_after": {TOPIC: W + 100}, "invalid_rows": 0,
+                           "input_rows_by_topic": {TOPIC: len(amounts)}})
         append_archive(classified, self.config, self.app_id, batch_id, batch_id, "stream")
         self.increments[batch_id] = [{"topic": TOPIC, "window_start_ms": W, "status": "valid", "count": len(amounts),
                                       "rules_version": self.rules.version_for(TOPIC)}]
