@@ -1,5 +1,6 @@
 package io.kdq.spark.classify;
 
+import java.lang.reflect.Field;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
@@ -7,12 +8,24 @@ import java.util.IdentityHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.function.Supplier;
+import java.util.regex.PatternSyntaxException;
 
 import com.networknt.schema.ExecutionConfig;
+import com.networknt.schema.ExecutionContext;
 import com.networknt.schema.Schema;
+import com.networknt.schema.SchemaContext;
 import com.networknt.schema.SchemaLocation;
 import com.networknt.schema.SchemaRegistry;
 import com.networknt.schema.SpecificationVersion;
+import com.networknt.schema.format.Format;
+import com.networknt.schema.format.Formats;
+import com.networknt.schema.format.RegexFormat;
+import com.networknt.schema.keyword.BaseKeywordValidator;
+import com.networknt.schema.keyword.FormatValidator;
+import com.networknt.schema.keyword.KeywordValidator;
+import com.networknt.schema.keyword.NonValidationKeyword;
+import com.networknt.schema.path.NodePath;
 
 import tools.jackson.core.JacksonException;
 import tools.jackson.core.JsonParser;
@@ -41,7 +54,7 @@ import tools.jackson.databind.node.StringNode;
  *       to a JSON pointer in the same document); any other keyword makes its schema "don't know";</li>
  *   <li>a value is decided only when the answer is certain: a number that rounds to a bound, an integer
  *       written {@code 1.0}, a non-ASCII string under a length bound, a number under an enum with numbers:
- *       "don't know". {@code format} is asked of networknt itself, on that one string;</li>
+ *       "don't know". {@code format} is asked of networknt itself, on that one string ({@link FormatCheck});</li>
  *   <li>what {@link Json} rejects (a duplicate key, trailing tokens, an exponent or a long number, a lone
  *       surrogate escape, a parser limit) is "don't know" here.</li>
  * </ul>
@@ -125,8 +138,8 @@ final class FastCheck {
         Node[] anyOf;
         Node[] oneOf;
         Node not;
-        /** format: networknt's schema {@code {"format": ...}} in the rule's dialect. */
-        Schema format;
+        /** format: networknt's check of a string, in the rule's dialect and registry. */
+        FormatCheck format;
 
         /** The schema of member {@code name} (properties, else additionalProperties), or null: unconstrained. */
         Node member(String name) {
@@ -167,6 +180,170 @@ final class FastCheck {
         }
     }
 
+    /**
+     * {@code format} on a string: networknt's answer, as {@link Evaluation#validate} gives it for the schema
+     * {@code {"$schema": <the rule's dialect>, "format": <name>}} compiled in the rule's registry ({@link #schema}).
+     * That is a whole evaluation per string (an {@link Evaluation} with its lists and deques, the schema walk, a
+     * {@code StringNode}, the error with its message when the string fails), for what comes down to one call of
+     * the {@link Format} that networknt's {@link FormatValidator} holds. So where it certainly comes down to that
+     * call, the call is made directly ({@link #direct}); everywhere else the evaluation runs as before.
+     *
+     * <p>What the evaluation does there (networknt 3.0.9, read in its bytecode): {@code Schema.validate} enters the
+     * schema (one evaluation step, depth 0), runs each validator (one step each): {@code $schema}'s does nothing;
+     * {@code FormatValidator.validate} collects an annotation (not an error) and, with a {@code Format} for the name,
+     * calls its {@code validate}, whose default adds an error iff assertions are on ({@code ExecutionConfig}'s
+     * {@code formatAssertionsEnabled} when set) and {@code matches(ctx, schemaContext, node)} is false; for a string
+     * node, that is {@code matches(ctx, schemaContext, string)}. A {@code PatternSyntaxException} is logged and the
+     * value passes. The verdict is valid iff no error was added (and no limit or exception ended the evaluation).
+     *
+     * <p>The direct call is set up only when all of this holds of the compiled schema (else {@link #direct} is null):
+     * its validators are the format's and at most {@code $schema}'s; the format is known to the dialect (an unknown
+     * name follows networknt's rules for unknown formats, the format-assertion vocabulary and strict mode: left to
+     * the evaluation); it is one of networknt's own {@link Formats#DEFAULT} (their {@code matches} never read the
+     * execution context, so none is made: null), not {@code regex} (it compiles through the rule's
+     * {@link BudgetRegexFactory}, whose pattern budget and deep stack belong to the record's evaluation); and it
+     * keeps {@code Format}'s default {@code validate} and {@code matches} chain. It is used only when the execution
+     * configurations say whether format asserts (both the same), do not fail fast (an error would throw) and let
+     * the evaluation's few steps run ({@link #runsToTheEnd}). {@code FastCheckFormatTest} compares both ways for
+     * every format networknt knows, unknown names, each supported dialect, with and without format assertion.
+     */
+    static final class FormatCheck {
+        /** networknt's private fields read once per compiled format (null: not readable, the evaluation is used). */
+        private static final Field FORMAT = field(FormatValidator.class, "format", Format.class);
+        private static final Field CONTEXT = field(BaseKeywordValidator.class, "schemaContext", SchemaContext.class);
+
+        /** The schema {@code {"$schema": <dialect>, "format": <name>}}: today's route, and the fallback. */
+        final Schema schema;
+        /** The format its validator calls, when calling it directly gives the evaluation's answer; else null. */
+        final Format direct;
+        /** The validator's schema context, which {@code matches} is given (duration reads its strictness). */
+        private final SchemaContext context;
+        /** Evaluation steps of the schema: entering it, then one per validator. */
+        private final long steps;
+
+        private FormatCheck(Schema schema, Format direct, SchemaContext context, long steps) {
+            this.schema = schema;
+            this.direct = direct;
+            this.context = context;
+            this.steps = steps;
+        }
+
+        /** The format check of {@code name} in {@code dialect} (may be null: the registry's default dialect). */
+        static FormatCheck compile(SchemaRegistry registry, String location, JsonNode dialect, String name) {
+            tools.jackson.databind.node.ObjectNode s = Json.configMapper().createObjectNode();
+            if (dialect != null) {
+                s.set("$schema", dialect);
+            }
+            s.put("format", name);
+            Schema schema = registry.getSchema(SchemaLocation.of(location), s);
+            schema.initializeValidators();
+            List<KeywordValidator> validators = schema.getValidators();
+            FormatValidator validator = null;
+            for (KeywordValidator v : validators) {
+                if (v.getClass() == FormatValidator.class && validator == null) {
+                    validator = (FormatValidator) v;
+                } else if (!(v.getClass().getEnclosingClass() == NonValidationKeyword.class
+                        && "$schema".equals(v.getKeyword()))) {
+                    return new FormatCheck(schema, null, null, 0); // something else runs too
+                }
+            }
+            Format format = validator == null ? null : (Format) read(FORMAT, validator);
+            SchemaContext context = validator == null ? null : (SchemaContext) read(CONTEXT, validator);
+            if (format == null || context == null || format instanceof RegexFormat || !isDefault(format)
+                    || !keepsDefaultChain(format.getClass())) {
+                return new FormatCheck(schema, null, null, 0);
+            }
+            return new FormatCheck(schema, format, context, validators.size() + 1L);
+        }
+
+        /**
+         * {@link FastCheck#VALID}, or {@link FastCheck#UNKNOWN} when networknt reports anything for {@code s} (a
+         * format error, a pattern budget, an evaluation limit): today's answer, from one call of the format where that
+         * gives it.
+         */
+        int check(String s, ExecutionConfig inline, ExecutionConfig full, long patternBudget) {
+            Boolean asserts = inline.getFormatAssertionsEnabled();
+            if (direct != null && asserts != null && runsToTheEnd(inline, asserts) && runsToTheEnd(full, asserts)) {
+                if (!asserts) {
+                    return VALID; // Format.validate checks nothing when assertions are off
+                }
+                try {
+                    // No ExecutionContext (making one is most of the evaluation's cost): networknt's own formats,
+                    // the only ones compile() takes, never read it (3.0.9's bytecode; FastCheckFormatTest would fail
+                    // on a version where one did).
+                    return direct.matches(null, context, s) ? VALID : UNKNOWN;
+                } catch (PatternSyntaxException e) {
+                    // FormatValidator logs this and lets the value pass: the evaluation below does exactly that.
+                }
+            }
+            return viaEvaluation(s, inline, full, patternBudget);
+        }
+
+        /** Today's route: the whole evaluation of {@link #schema} (the fallback; the tests' reference). */
+        int viaEvaluation(String s, ExecutionConfig inline, ExecutionConfig full, long patternBudget) {
+            String problem = Evaluation.validate(schema, inline, full, StringNode.valueOf(s), patternBudget, 0);
+            return problem == null ? VALID : UNKNOWN;
+        }
+
+        /**
+         * Whether an evaluation under {@code c} would run the format's check and end with its answer: format
+         * assertion as {@code asserts} (Evaluation.validate uses {@code inline}, or {@code full} on a deep stack),
+         * no fail-fast exception, no depth limit at depth 0 (networknt aborts when the depth reached is ≥ a non-zero
+         * maximum), and room for the schema's steps (it aborts when the steps admitted are ≥ a non-zero maximum).
+         */
+        private boolean runsToTheEnd(ExecutionConfig c, Boolean asserts) {
+            long maxSteps = c.getMaxEvaluationSteps();
+            return asserts.equals(c.getFormatAssertionsEnabled()) && !c.isFailFast() && c.getMaxEvaluationDepth() >= 0
+                    && (maxSteps == 0 || maxSteps >= steps);
+        }
+
+        private static boolean isDefault(Format format) {
+            for (Format f : Formats.DEFAULT) {
+                if (f == format) {
+                    return true;
+                }
+            }
+            return false;
+        }
+
+        /** Whether {@code Format.validate} reaches {@code matches(ctx, schemaContext, String)} as its defaults do. */
+        private static boolean keepsDefaultChain(Class<?> c) {
+            try {
+                return c.getMethod("validate", ExecutionContext.class, SchemaContext.class, JsonNode.class,
+                        JsonNode.class, NodePath.class, boolean.class, Supplier.class, FormatValidator.class)
+                        .getDeclaringClass() == Format.class
+                        && c.getMethod("matches", ExecutionContext.class, SchemaContext.class, JsonNode.class,
+                                JsonNode.class, NodePath.class, boolean.class, FormatValidator.class)
+                                .getDeclaringClass() == Format.class
+                        && c.getMethod("matches", ExecutionContext.class, SchemaContext.class, JsonNode.class)
+                                .getDeclaringClass() == Format.class;
+            } catch (NoSuchMethodException | RuntimeException e) {
+                return false;
+            }
+        }
+
+        private static Field field(Class<?> owner, String name, Class<?> type) {
+            try {
+                Field f = owner.getDeclaredField(name);
+                if (f.getType() != type) {
+                    return null;
+                }
+                f.setAccessible(true);
+                return f;
+            } catch (ReflectiveOperationException | RuntimeException e) {
+                return null;
+            }
+        }
+
+        private static Object read(Field f, Object owner) {
+            try {
+                return f == null ? null : f.get(owner);
+            } catch (ReflectiveOperationException | RuntimeException e) {
+                return null;
+            }
+        }
+    }
+
     /** Accepts every value: a rule without a schema (the document must still be JSON). */
     static final FastCheck ANY_JSON = new FastCheck(anyNode());
 
@@ -204,7 +381,7 @@ final class FastCheck {
         private final JsonNode dialect;
         private final Map<JsonNode, Node> done = new IdentityHashMap<>();
         private final Set<JsonNode> inProgress = java.util.Collections.newSetFromMap(new IdentityHashMap<>());
-        private final Map<String, Schema> formats = new HashMap<>();
+        private final Map<String, FormatCheck> formats = new HashMap<>();
         private int nodes;
 
         Compiler(JsonNode root, String baseUri, SchemaRegistry registry) {
@@ -453,17 +630,9 @@ final class FastCheck {
             }
         }
 
-        private Schema format(String name) {
-            return formats.computeIfAbsent(name, f -> {
-                tools.jackson.databind.node.ObjectNode s = Json.configMapper().createObjectNode();
-                if (dialect != null) {
-                    s.set("$schema", dialect);
-                }
-                s.put("format", f);
-                Schema schema = registry.getSchema(SchemaLocation.of(baseUri + ".kdq-format-" + formats.size()), s);
-                schema.initializeValidators();
-                return schema;
-            });
+        private FormatCheck format(String name) {
+            return formats.computeIfAbsent(name,
+                    f -> FormatCheck.compile(registry, baseUri + ".kdq-format-" + formats.size(), dialect, f));
         }
 
         private Node[] group(JsonNode v, int depth) {
@@ -963,9 +1132,7 @@ final class FastCheck {
                     }
                     if (n.format != null && result != INVALID) {
                         // networknt's own answer; anything but "valid" (a budget, a deep stack) is not decided here
-                        String problem = Evaluation.validate(n.format, inline, full, StringNode.valueOf(currentString()),
-                                patternBudget, 0);
-                        result = and(result, problem == null ? VALID : UNKNOWN);
+                        result = and(result, n.format.check(currentString(), inline, full, patternBudget));
                     }
                     break;
                 case VALUE_NUMBER_INT:
