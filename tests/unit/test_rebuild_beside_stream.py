@@ -48,20 +48,24 @@ class Stream:
         self.rules = load_rules(rules_dir)  # the rules the stream runs with (the old ones)
         self.increments: dict[int, list[dict]] = {}
 
-    def archive(self, batch_id: int, amounts: list[int], first_offset: int) -> None:
+    def archive(self, batch_id: int, amounts: list[int], first_offset: int, topic: str = TOPIC) -> None:
         ingest_ms = W + 10_000 + batch_id * 1_000
         stamp = dt.datetime.fromtimestamp((W + 100) / 1000, dt.UTC).replace(tzinfo=None)
-        rows = [(None, json.dumps({"amount": a}).encode(), TOPIC, 0, first_offset + i, stamp, 0) for i, a in enumerate(amounts)]
+        rows = [(None, json.dumps({"amount": a}).encode(), topic, 0, first_offset + i, stamp, 0) for i, a in enumerate(amounts)]
         classified = transforms.mark_late(
             transforms.classify(self.spark.createDataFrame(rows, SCHEMA), self.rules, self.config.stream, ingest_ms),
             {}, self.config.stream,
         )
         self.ledger.write({"batch_id": batch_id, "ingest_time_ms": ingest_ms, "max_event_ms_before": {},
-                           "max_event_ms_after": {TOPIC: W + 100}, "invalid_rows": 0,
-                           "input_rows_by_topic": {TOPIC: len(amounts)}})
+                           "max_event_ms_after": {topic: W + 100}, "invalid_rows": 0,
+                           "input_rows_by_topic": {topic: len(amounts)}, **self.entry_fields(batch_id, classified)})
         append_archive(classified, self.config, self.app_id, batch_id, batch_id, "stream")
-        self.increments[batch_id] = [{"topic": TOPIC, "window_start_ms": W, "status": "valid", "count": len(amounts),
-                                      "rules_version": self.rules.version_for(TOPIC)}]
+        self.increments[batch_id] = [{"topic": topic, "window_start_ms": W, "status": "valid", "count": len(amounts),
+                                      "rules_version": self.rules.version_for(topic)}]
+
+    def entry_fields(self, batch_id: int, classified) -> dict:
+        """More fields of the batch's ledger entry (a subclass's)."""
+        return {}
 
     def merge(self, batch_id: int) -> None:
         merge_window_increments(self.spark, self.increments[batch_id], self.config, self.app_id, batch_id)

@@ -14,7 +14,6 @@ Expected states are written out by hand: the values 5, 7, 8, 9 (the rebuilt rule
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 import types
@@ -23,58 +22,34 @@ import pytest
 
 from kdq.rules import load_rules
 from kdq.spark import stream_cut as stream_cut_module
-from kdq.spark import transforms
-from kdq.spark.ledger import SUMMARY_INCREMENTS_KEY, MicroBatchLedger
+from kdq.spark.ledger import SUMMARY_INCREMENTS_KEY
 from kdq.spark.rebuild import rebuild
-from kdq.spark.speed_layer import app_id_for, checkpoint_dir
 from kdq.spark.stream_cut import StreamAppendsBehind, stream_cut
 from kdq.spark.summaries import batch as summaries_batch
 from kdq.spark.summaries import merge_increments, read_states, summary_states, summary_values
 from kdq.spark.summaries.transforms import state_entry
 from kdq.spark.tables import ensure_tables
-from kdq.spark.writers import append_archive, merge_window_increments
 from tests.conftest import make_config
-
-W = 1_700_000_000_000
-TOPIC = "pay"
-SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
-STRICT = {"type": "object", "properties": {"amount": {"type": "number", "minimum": 0}}}
+from tests.unit.test_rebuild_beside_stream import STRICT, TOPIC, W
+from tests.unit.test_rebuild_beside_stream import Stream as CountsStream
 
 
-class Stream:
-    """The stream's writes of one micro-batch, split where the races happen."""
+class Stream(CountsStream):
+    """The stream's writes of one micro-batch, split where the races happen, with its summaries MERGE."""
 
     def __init__(self, spark, config, rules_dir) -> None:
-        self.spark, self.config = spark, config
-        self.checkpoint = checkpoint_dir(config)
-        self.app_id = app_id_for(self.checkpoint)
-        self.ledger = MicroBatchLedger(spark, str(self.checkpoint))
-        self.rules = load_rules(rules_dir)  # the rules the stream runs with (the old ones)
-        self.counts: dict[int, list[dict]] = {}
+        super().__init__(spark, config, rules_dir)
         self.summaries: dict[int, list[dict]] = {}
 
-    def archive(self, batch_id: int, amounts: list[int], first_offset: int, topic: str = TOPIC) -> None:
-        """The batch's archive append and ledger entry (with its summary increments, as the speed layer writes it)."""
-        ingest_ms = W + 10_000 + batch_id * 1_000
-        stamp = dt.datetime.fromtimestamp((W + 100) / 1000, dt.UTC).replace(tzinfo=None)
-        rows = [(None, json.dumps({"amount": a}).encode(), topic, 0, first_offset + i, stamp, 0) for i, a in enumerate(amounts)]
-        classified = transforms.mark_late(
-            transforms.classify(self.spark.createDataFrame(rows, SCHEMA), self.rules, self.config.stream, ingest_ms),
-            {}, self.config.stream,
-        )
+    def entry_fields(self, batch_id: int, classified) -> dict:
+        """The batch's summary increments, and their number in its ledger entry as the speed layer writes it."""
         values = summary_values(classified.select("topic", "window_start", "valid", "value"), self.config.summaries)
         states = [r.asDict() for r in summary_states(values).collect()]
         self.summaries[batch_id] = [state_entry(r) for r in states if not r["late"]]
-        self.ledger.write({"batch_id": batch_id, "ingest_time_ms": ingest_ms, "max_event_ms_before": {},
-                           "max_event_ms_after": {topic: W + 100}, "invalid_rows": 0,
-                           "input_rows_by_topic": {topic: len(amounts)},
-                           SUMMARY_INCREMENTS_KEY: len(self.summaries[batch_id])})
-        append_archive(classified, self.config, self.app_id, batch_id, batch_id, "stream")
-        self.counts[batch_id] = [{"topic": topic, "window_start_ms": W, "status": "valid", "count": len(amounts),
-                                  "rules_version": self.rules.version_for(topic)}]
+        return {SUMMARY_INCREMENTS_KEY: len(self.summaries[batch_id])}
 
     def merge_counts(self, batch_id: int) -> None:
-        merge_window_increments(self.spark, self.counts[batch_id], self.config, self.app_id, batch_id)
+        self.merge(batch_id)
 
     def merge_summaries(self, batch_id: int) -> None:
         merge_increments(self.spark, self.config, self.summaries[batch_id], self.app_id, batch_id)
