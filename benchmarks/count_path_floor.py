@@ -20,6 +20,10 @@ Starts its own local stack (broker) on free ports, produces the `make bench` wor
 * ``summaries_entries``: the same with the states aggregated from the entries built as Spark columns (the way
   registry-backed topics take, and every topic's before the twenty-first pass).
 
+A variant named ``<variant>+opt`` is the same with the ``--kafka-option`` settings on the Kafka source (e.g.
+``--variants kafka_count,kafka_count+opt --kafka-option kafka.max.poll.records=10000``), interleaved with the plain
+one in the same process. ``--topics``/``--partitions`` spread the same messages over more topic partitions.
+
 Prints wall time, msgs/s on the two cores and the driver JVM's CPU time per record (core-µs), which holds still
 when other programs load the machine.
 """
@@ -36,7 +40,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks import workload
-from benchmarks.__main__ import PROJECT, bench_summaries, make_config
+from benchmarks.__main__ import PROJECT, bench_summaries, create_topics, make_config
 
 VARIANTS = (
     "kafka_count", "kafka_rows", "classify", "archive", "archive_unpartitioned", "archive_narrow", "summary_entries",
@@ -99,6 +103,10 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Kafka source option for the variants named <variant>+opt")
+    p.add_argument("--topics", type=int, default=4)
+    p.add_argument("--partitions", type=int, default=3)
     args = p.parse_args(argv)
 
     from pyspark.sql import Observation
@@ -127,9 +135,8 @@ def main(argv=None) -> int:
         # The `make bench` summaries variant's two summaries, on this run's topics.
         summaries = config.with_summaries(
             [{**s, "topic": "re:floor-.*"} for s in bench_summaries("floor")]).summaries
-        topics = [f"floor-{i}" for i in range(4)]
-        for topic in topics:
-            stack.kafka.create_topic(topic, partitions=3)
+        topics = [f"floor-{i}" for i in range(args.topics)]
+        create_topics(stack.kafka, topics, args.partitions)
         w = workload.Workload(messages=args.messages)
         produced = workload.produce_backlog(config.kafka_bootstrap(), topics, w)
         workload.verify_complete(config.kafka_bootstrap(), topics, args.messages)
@@ -138,9 +145,12 @@ def main(argv=None) -> int:
         rules = load_rules(rules_dir)
         stream = config.stream
 
+        kafka_options = dict(item.split("=", 1) for item in args.kafka_option)
+        source_options = {}  # the current variant's extra Kafka source options (its name ends in +opt)
+
         def source():
             return (
-                spark.read.format("kafka").options(**config.spark_kafka_options())
+                spark.read.format("kafka").options(**config.spark_kafka_options()).options(**source_options)
                 .option("subscribe", ",".join(topics)).option("startingOffsets", "earliest").load()
                 .coalesce(spark.sparkContext.defaultParallelism)
             )
@@ -171,6 +181,15 @@ def main(argv=None) -> int:
         every = list(RAW_ARCHIVE.column_names)
 
         def run(name: str) -> int:
+            base, _, opt = name.partition("+")
+            source_options.clear()
+            if opt == "opt":
+                source_options.update(kafka_options)
+            elif opt:
+                raise ValueError(name)
+            return run_variant(base)
+
+        def run_variant(name: str) -> int:
             if name == "kafka_count":
                 return source().count()
             if name == "kafka_rows":

@@ -210,6 +210,11 @@ def run(
         except subprocess.TimeoutExpired:
             proc.kill()
             stdout, _ = proc.communicate()
+        except BaseException:
+            # Ctrl-C or the harness's SIGTERM (benchmarks.signals): the baseline's JVM would outlive the run.
+            proc.kill()
+            proc.wait(30)
+            raise
         finally:
             sampler.stop()
         stderr.seek(0)

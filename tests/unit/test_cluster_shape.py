@@ -96,3 +96,13 @@ def test_the_products_cluster_has_bigger_workers_and_capped_long_running_apps(tm
         "KDQ_SPARK__STREAM_CORES_MAX": "2",
         "KDQ_SPARK__SQL_ENDPOINT_CORES_MAX": "1",
     }
+
+
+def test_idle_kafka_fetched_data_is_kept_a_second_unless_configured(tmp_path) -> None:
+    # Spark's default keeps every partition's last poll 5 minutes: ~0.5 GB of a 2 GB heap after a million-record
+    # catch-up over 1,000 topics (benchmarks/PERF_NOTES.md, "twenty-fourth pass").
+    conf = spark_conf(make_config(tmp_path), "x")
+    assert conf["spark.kafka.consumer.fetchedData.cache.timeout"] == "1s"
+    assert conf["spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval"] == "1s"
+    conf = spark_conf(make_config(tmp_path, spark={"conf": {"spark.kafka.consumer.fetchedData.cache.timeout": "5m"}}), "x")
+    assert conf["spark.kafka.consumer.fetchedData.cache.timeout"] == "5m"

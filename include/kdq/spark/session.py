@@ -119,10 +119,16 @@ def spark_conf(config: Config, app_name: str) -> dict[str, str]:
         # state reconstruction) and source materialisation of MERGE (our MERGE
         # sources are local, deterministic rows).
         "spark.databricks.delta.writeChecksumFile.enabled": "false",
+        "spark.databricks.delta.merge.materializeSource": "none",
         # spark.kafka.consumer.cache.capacity stays Spark's 64: kept open, a thousand partitions' idle consumers
         # ran a 2 GB driver out of memory in a one-million-record catch-up over 1,000 topics (benchmarks/PERF_NOTES.md,
         # "nineteenth pass"), although they saved ~1.5 s a batch of reopening them.
-        "spark.databricks.delta.merge.materializeSource": "none",
+        # Spark keeps each Kafka partition's last poll (its records) for reuse by a next batch starting inside it,
+        # 5 minutes by default, however many partitions were read: a one-million-record catch-up over 1,000 topics
+        # ended with ~0.5 GB of them on a 2 GB heap. Kept a second, they serve only a batch that follows at once;
+        # peak RSS 2.75 -> 2.27 GB (benchmarks/PERF_NOTES.md, "twenty-fourth pass").
+        "spark.kafka.consumer.fetchedData.cache.timeout": "1s",
+        "spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval": "1s",
         # Small files an hour of window_counts or summaries may hold before the writer's auto compaction folds
         # them (kdq.tables.AUTO_COMPACT_MIN_FILES; the tables' delta.autoOptimize.autoCompact property).
         "spark.databricks.delta.autoCompact.minNumFiles": str(AUTO_COMPACT_MIN_FILES),
