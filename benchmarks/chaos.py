@@ -289,8 +289,9 @@ def main(argv=None) -> int:
         truth, aborted_in_log = read_truth(config, topics)
         result["truth"] = truth.summary()
         result["aborted_records_in_log"] = aborted_in_log
-        rows, archived = read_delta(config, topics)
+        rows, archived, summary_rows = read_delta(config, topics)
         delta_counts, duplicate_rows = cl.counts_from_rows(rows)
+        delta_summaries, duplicate_summaries = cl.summaries_from_rows(summary_rows)
         metrics, unreadable = read_metrics(config)
         influx = cl.counts_from_points(read_influx(config, topics))
         metrics = {k: v for k, v in metrics.items() if k[0] in topics}
@@ -299,6 +300,10 @@ def main(argv=None) -> int:
             "metrics topic (last value per key)": {**cl.compare_counts(truth.counts, metrics), "unreadable_messages": unreadable},
             "influxdb (valid, invalid per window)": cl.compare_counts(truth.counts, influx),
             "raw_archive": cl.compare_archive(truth.offsets, archived),
+            "delta summaries (values + rejections)": {
+                **cl.compare_summaries(truth.summaries, delta_summaries),
+                "duplicate_rows": [list(map(str, k)) for k in duplicate_summaries],
+            },
         }
         result["comparison"] = comparison
         sane = truth.unstamped == 0 and truth.meant_to_abort == 0

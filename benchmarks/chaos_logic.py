@@ -59,6 +59,18 @@ EVENTS_SCHEMA = {
         "s": {"type": "string", "pattern": "^(.*a){20}$"},
     },
 }
+# Two streaming summaries on the chaos traffic, with the counts' lateness: their late records go to the batch layer
+# too, so the rebuilds, recomputes and kills beside the stream are checked on the summaries as on the counts.
+# chaos.events' `n` includes the valid poison records (a 40-digit integer; no `n` at all: "missing").
+SUMMARY_WINDOW_SECONDS = 60
+SUMMARIES: tuple[dict, ...] = (
+    {"name": "chaos_event_n", "topic": EVENTS, "value": "n", "group_by": [],
+     "window_seconds": SUMMARY_WINDOW_SECONDS, "allowed_lateness_seconds": 60},
+    {"name": "chaos_order_amount", "topic": ORDERS, "value": "amount", "group_by": ["currency"],
+     "window_seconds": SUMMARY_WINDOW_SECONDS, "allowed_lateness_seconds": 60},
+)
+SUMMARY_OUT_OF_RANGE = 1e150  # docs/summaries.md: larger magnitudes (and infinities) are rejected as out_of_range
+
 TOPICS_TOML = f"""\
 [[topic]]
 match = "{ORDERS}"
@@ -389,8 +401,10 @@ class Truth:
     offsets: set = field(default_factory=set)  # (topic, partition, offset) of every committed record
     unstamped: int = 0  # records without the ground-truth headers (must be 0)
     meant_to_abort: int = 0  # records of transactions the producer aborted, seen by this reader
+    summaries: dict = field(default_factory=dict)  # SummaryKey -> SummaryState, of the valid records
 
-    def add(self, topic: str, partition: int, offset: int, headers: Iterable[tuple[str, bytes | None]] | None) -> None:
+    def add(self, topic: str, partition: int, offset: int, headers: Iterable[tuple[str, bytes | None]] | None,
+            value: bytes | None = None) -> None:
         h = {k: (v or b"").decode() for k, v in (headers or [])}
         self.offsets.add((topic, partition, offset))
         if H_STATUS not in h or H_WINDOW not in h:
@@ -401,6 +415,8 @@ class Truth:
             return
         self.counts[(topic, int(h[H_WINDOW]), h[H_STATUS])] += 1
         self.records[(topic, h.get(H_KIND, ""), h.get(H_TIMING, ""), h.get(H_DETAIL, ""))] += 1
+        if h[H_STATUS] == VALID:
+            add_to_summaries(self.summaries, topic, int(h[H_WINDOW]), value)
 
     def summary(self) -> dict:
         by_kind: Counter = Counter()
@@ -453,6 +469,113 @@ def compare_counts(expected: Mapping[Key, int], got: Mapping[Key, int], limit: i
             for (t, w, s), e, g in diffs[:limit]
         ],
     }
+
+
+SummaryKey = tuple[str, str, int, tuple]  # (summary, topic, window_start_ms, group values in group_by's order)
+
+
+@dataclass
+class SummaryState:
+    count: int = 0
+    sum: float = 0.0
+    min: float | None = None
+    max: float | None = None
+    rejected: Counter = field(default_factory=Counter)
+
+    def add(self, number: float) -> None:
+        self.count += 1
+        self.sum += number
+        self.min = number if self.min is None else min(self.min, number)
+        self.max = number if self.max is None else max(self.max, number)
+
+    @property
+    def records(self) -> int:
+        return self.count + sum(self.rejected.values())
+
+
+def _at(document: object, path: str) -> object:
+    for step in path.split("."):
+        if not isinstance(document, dict) or step not in document:
+            return None
+        document = document[step]
+    return document
+
+
+def add_to_summaries(states: dict, topic: str, window_ms: int, value: bytes | None) -> None:
+    """A valid record's part of every summary on its topic, by docs/summaries.md's definitions (count, sum, min,
+    max, rejected by reason), written independently of kdq's Spark and JVM code."""
+    wanted = [s for s in SUMMARIES if s["topic"] == topic]
+    if not wanted:
+        return
+    document = json.loads(value) if value else None
+    window = window_ms - window_ms % (SUMMARY_WINDOW_SECONDS * 1000)
+    for summary in wanted:
+        groups = tuple(None if (g := _at(document, path)) is None else str(g) for path in summary["group_by"])
+        state = states.setdefault((summary["name"], topic, window, groups), SummaryState())
+        number = _at(document, summary["value"])
+        if number is None:
+            state.rejected["missing"] += 1
+        elif isinstance(number, bool) or not isinstance(number, (int, float)):
+            state.rejected["not_numeric"] += 1
+        else:
+            try:
+                number = float(number)
+            except OverflowError:  # an integer beyond a double's range
+                number = math.inf
+            if not abs(number) <= SUMMARY_OUT_OF_RANGE:
+                state.rejected["out_of_range"] += 1
+            else:
+                state.add(number)
+
+
+def compare_summaries(expected: Mapping[SummaryKey, SummaryState], got: Mapping[SummaryKey, SummaryState],
+                      limit: int = 200) -> dict:
+    """Per (summary, topic, window, group): count, min, max and rejections exact, the sum to 1e-9 of count x the
+    largest magnitude (docs/summaries.md: the batch layer sums from scratch, the stream by increments). Records are
+    the values plus the rejections; a missing key has none."""
+    empty = SummaryState()
+    diffs = []
+    for key in sorted(set(expected) | set(got), key=repr):
+        e, g = expected.get(key, empty), got.get(key, empty)
+        scale = max(abs(e.min or 0.0), abs(e.max or 0.0), 1.0) * max(e.count, 1)
+        if (e.count, e.min, e.max, dict(e.rejected)) != (g.count, g.min, g.max, dict(g.rejected)) or \
+                abs(e.sum - g.sum) > 1e-9 * scale:
+            diffs.append((key, e, g))
+    lost = sum(max(0, e.records - g.records) for _, e, g in diffs)
+    extra = sum(max(0, g.records - e.records) for _, e, g in diffs)
+    return {
+        "equal": not diffs,
+        "windows": len({(t, w) for _, t, w, _ in set(expected) | set(got)}),
+        "expected_records": sum(s.records for s in expected.values()),
+        "counted_records": sum(s.records for s in got.values()),
+        "lost": lost,
+        "counted_twice": extra,
+        "differing_keys": len(diffs),
+        "differences": [
+            {"topic": t, "window_start_ms": w, "window_start": iso_utc(w), "status": f"{name} {list(groups)}",
+             "expected": _state_text(e), "got": _state_text(g)}
+            for (name, t, w, groups), e, g in diffs[:limit]
+        ],
+    }
+
+
+def _state_text(s: SummaryState) -> str:
+    return f"count {s.count}, sum {s.sum!r}, min {s.min!r}, max {s.max!r}, rejected {dict(sorted(s.rejected.items()))}"
+
+
+def summaries_from_rows(rows: Iterable[tuple]) -> tuple[dict[SummaryKey, SummaryState], list[SummaryKey]]:
+    """Delta rows (summary, topic, window_ms, groups map, count, sum, min, max, rejected map) -> states, plus keys
+    that have more than one row."""
+    names = {s["name"]: s["group_by"] for s in SUMMARIES}
+    states: dict[SummaryKey, SummaryState] = {}
+    duplicates = []
+    for summary, topic, window, groups, count, total, low, high, rejected in rows:
+        key = (summary, topic, int(window), tuple((groups or {}).get(path) for path in names.get(summary, [])))
+        if key in states:
+            duplicates.append(key)
+        states[key] = SummaryState(int(count), float(total or 0.0), low, high,
+                                   Counter({k: int(v) for k, v in (rejected or {}).items() if v}))
+    return states, sorted(duplicates, key=repr)
 
 
 def counts_from_rows(rows: Iterable[tuple[str, int, str, int]]) -> tuple[dict[Key, int], list[Key]]:

@@ -60,7 +60,8 @@ def read_topics(config: Config, topics: list[str], isolation: str, on_message, t
 
 def read_truth(config: Config, topics: list[str]) -> tuple[cl.Truth, int]:
     truth = cl.Truth()
-    read_topics(config, topics, "read_committed", lambda m: truth.add(m.topic(), m.partition(), m.offset(), m.headers()))
+    read_topics(config, topics, "read_committed",
+                lambda m: truth.add(m.topic(), m.partition(), m.offset(), m.headers(), m.value()))
     uncommitted = cl.Truth()
     read_topics(config, topics, "read_uncommitted", lambda m: uncommitted.add(m.topic(), m.partition(), m.offset(), m.headers()))
     return truth, uncommitted.meant_to_abort
@@ -91,7 +92,7 @@ def read_influx(config: Config, topics: list[str]) -> dict[str, dict[int, tuple]
     return out
 
 
-def read_delta(config: Config, topics: list[str]) -> tuple[list[tuple], dict]:
+def read_delta(config: Config, topics: list[str]) -> tuple[list[tuple], dict, list[tuple]]:
     from pyspark.sql import functions as F
 
     from kdq.spark.session import build_session
@@ -106,6 +107,9 @@ def read_delta(config: Config, topics: list[str]) -> tuple[list[tuple], dict]:
         archive = spark.read.format("delta").load(table_location(config, "raw_archive")).where(F.col("topic").isin(topics))
         archived = {(r[0], int(r[1]), int(r[2])): int(r[3]) for r in
                     archive.groupBy("topic", "partition", "offset").count().collect()}
-        return rows, archived
+        summaries = spark.read.format("delta").load(table_location(config, "summaries")).where(F.col("topic").isin(topics))
+        summary_rows = [tuple(r) for r in summaries.select(
+            "summary", "topic", F.unix_millis("window_start"), "groups", "count", "sum", "min", "max", "rejected").collect()]
+        return rows, archived, summary_rows
     finally:
         spark.stop()

@@ -87,7 +87,7 @@ def chaos_config(work: Path, storage: dict | None = None) -> Config:
         paths=(storage or {}).get("paths", {}),
         kafka={"local_port": quiet_port(rng), "local_controller_port": quiet_port(rng)},
         influxdb={"local_port": quiet_port(rng), "local_rpc_port": quiet_port(rng)},
-    )
+    ).with_summaries(cl.SUMMARIES)
     return write_config(config, work / "kdq.toml")
 
 

@@ -172,6 +172,58 @@ def test_headers_carry_the_truth_and_the_tally_reads_them() -> None:
     assert summary["records"] == 2 and summary["by_status"] == {cl.INVALID: 2} and summary["windows"] == 1
 
 
+def test_the_truth_summarises_valid_records_by_the_documented_definitions() -> None:
+    window = 1_795_369_980_000  # a minute boundary
+    truth = cl.Truth()
+
+    def add(offset, topic, status, second, value) -> None:
+        record = cl.ChaosRecord(topic, 0, None, value, NOW, status, window + second * 1000, status, "on_time")
+        truth.add(topic, 0, offset, record.headers(), value)
+
+    add(1, cl.EVENTS, cl.VALID, 3, b'{"id":"a","ts":1,"n":5}')
+    add(2, cl.EVENTS, cl.VALID, 59, b'{"id":"b","ts":1,"n":' + b"9" * 40 + b"}")  # read as a double, 1e40
+    add(3, cl.EVENTS, cl.VALID, 60, b'{"id":"c","ts":1}')  # the next minute; no n: missing
+    add(4, cl.EVENTS, cl.INVALID, 4, b'{"id":"d","ts":1,"n":-1}')  # never summarised
+    add(5, cl.ORDERS, cl.VALID, 1, b'{"amount":12.5,"currency":"EUR"}')
+    add(6, cl.ORDERS, cl.VALID, 2, b'{"amount":0.25,"currency":"EUR"}')
+    add(7, cl.ORDERS, cl.VALID, 2, b'{"amount":"7","channel":"web"}')  # no currency: the null group
+    add(8, cl.PAYMENTS, cl.VALID, 2, b'{"amount":1}')  # no summary on payments
+    states = {}
+    for raw in (b'{"n":1e999999999}', b'{"n":true}', b'{"n":-1e151}', b'{"n":-1e150}', b'{"n":null}'):
+        cl.add_to_summaries(states, cl.EVENTS, window, raw)
+    by_key = {k: (v.count, v.sum, v.min, v.max, dict(v.rejected)) for k, v in truth.summaries.items()}
+    assert by_key == {
+        ("chaos_event_n", cl.EVENTS, window, ()): (2, 5 + 1e40, 5.0, 1e40, {}),
+        ("chaos_event_n", cl.EVENTS, window + 60_000, ()): (0, 0.0, None, None, {"missing": 1}),
+        ("chaos_order_amount", cl.ORDERS, window, ("EUR",)): (2, 12.75, 0.25, 12.5, {}),
+        ("chaos_order_amount", cl.ORDERS, window, (None,)): (0, 0.0, None, None, {"not_numeric": 1}),
+    }
+    (state,) = states.values()
+    assert (state.count, state.min, dict(state.rejected)) == (
+        1, -1e150, {"out_of_range": 2, "not_numeric": 1, "missing": 1})
+
+
+def test_summaries_compare_by_value_and_name_what_is_lost_or_doubled() -> None:
+    window = 1_795_369_980_000
+    truth = cl.Truth()
+    for offset, amount in enumerate((1.1, 2.2, 3.3)):
+        value = json.dumps({"amount": amount, "currency": "USD"}).encode()
+        record = cl.ChaosRecord(cl.ORDERS, 0, None, value, NOW, cl.VALID, window, cl.VALID, "on_time")
+        truth.add(cl.ORDERS, 0, offset, record.headers(), value)
+    row = ("chaos_order_amount", cl.ORDERS, window, {"currency": "USD"}, 3, 6.6000000000000005, 1.1, 3.3, {"missing": 0})
+    got, duplicates = cl.summaries_from_rows([row])
+    assert duplicates == [] and cl.compare_summaries(truth.summaries, got)["equal"]
+    doubled, _ = cl.summaries_from_rows([(*row[:4], 4, 7.7, 1.1, 3.3, {})])
+    result = cl.compare_summaries(truth.summaries, doubled)
+    assert (result["equal"], result["lost"], result["counted_twice"], result["differing_keys"]) == (False, 0, 1, 1)
+    lost = cl.compare_summaries(truth.summaries, {})
+    assert (lost["lost"], lost["expected_records"], lost["counted_records"]) == (3, 3, 0)
+    wrong_max, _ = cl.summaries_from_rows([(*row[:7], 3.4, {})])
+    assert not cl.compare_summaries(truth.summaries, wrong_max)["equal"]
+    _, duplicates = cl.summaries_from_rows([row, row])
+    assert len(duplicates) == 1
+
+
 def test_fault_plan_is_seeded_complete_and_spread() -> None:
     plan = cl.plan_faults(random.Random(3), 1200)
     assert plan == cl.plan_faults(random.Random(3), 1200)
