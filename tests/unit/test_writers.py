@@ -119,11 +119,11 @@ def test_archive_append_is_idempotent_and_checks_columns(spark, tmp_path) -> Non
     archive = spark.read.format("delta").load(str(config.tables_dir / "raw_archive"))
     assert archive.count() == 1
     assert archive.first()["source"] == "stream" and archive.first()["batch_id"] == 3
-    # The archive's files are Parquet's LZ4_RAW (ARCHIVE_WRITE_OPTIONS; pyarrow names the codec LZ4), read by both.
+    # The archive's files are Snappy (ARCHIVE_WRITE_OPTIONS), read by Spark and pyarrow.
     files = list((config.tables_dir / "raw_archive").rglob("*.parquet"))
-    assert len(files) == 1 and ".lz4raw." in files[0].name, files
+    assert len(files) == 1 and ".snappy." in files[0].name, files
     parquet = pq.ParquetFile(files[0])
-    assert {parquet.metadata.row_group(0).column(i).compression for i in range(parquet.metadata.num_columns)} == {"LZ4"}
+    assert {parquet.metadata.row_group(0).column(i).compression for i in range(parquet.metadata.num_columns)} == {"SNAPPY"}
     assert parquet.read(columns=["value"]).column("value").to_pylist() == [b'{"a":1}']
 
     try:
@@ -132,6 +132,39 @@ def test_archive_append_is_idempotent_and_checks_columns(spark, tmp_path) -> Non
         assert "raw_archive" in str(exc) and "counted" in str(exc)
     else:
         raise AssertionError("a frame without 'counted' must be rejected with the missing column named")
+
+
+def test_a_replay_reads_a_big_batch_back_from_the_archive_by_offset_range(spark, tmp_path) -> None:
+    # A stream replay reads its batch's archived records by batch id and offset range (SpeedLayer._archived_aggregates).
+    # Four partitions' records with 3,000 offsets each in one file: the offset column stays dictionary-encoded, its
+    # dictionary page is ~24 KB, and Parquet's dictionary filter reads it. Written in LZ4_RAW, parquet-java 1.17 failed
+    # that read every time ("all input must be consumed"; the chaos run's replays). The archive keeps Snappy even where
+    # the session's codec is LZ4_RAW.
+    config = make_config(tmp_path)
+    ensure_tables(spark, config)
+    records = spark.range(12_000).select(
+        F.lit("orders").alias("topic"), (F.col("id") % 4).cast("int").alias("partition"),
+        (F.col("id") / 4).cast("bigint").alias("offset"),
+        F.concat(F.lit('{"n":'), F.col("id").cast("string"), F.lit("}")).cast("binary").alias("value"),
+        (F.col("id") % 7 != 0).alias("valid"), F.when(F.col("id") % 7 == 0, F.lit("schema")).alias("reason"),
+        F.lit(True).alias("counted"), F.lit("2023-11-14-22").alias("event_hour"),
+        F.timestamp_millis(F.lit(W0)).alias("kafka_timestamp"), F.timestamp_millis(F.lit(W0)).alias("event_time"),
+        F.timestamp_millis(F.lit(W0)).alias("window_start"), F.lit(None).cast("binary").alias("key"),
+        F.current_timestamp().alias("ingest_time"), F.lit("none").alias("rules_version"),
+    ).coalesce(1)
+    codec = spark.conf.get("spark.sql.parquet.compression.codec")
+    spark.conf.set("spark.sql.parquet.compression.codec", "lz4_raw")
+    try:
+        append_archive(records, config, "app", 5, 5, "stream")
+    finally:
+        spark.conf.set("spark.sql.parquet.compression.codec", codec)
+    archive = spark.read.format("delta").load(str(config.tables_dir / "raw_archive"))
+    replayed = archive.where(
+        (F.col("batch_id") == 5) & (F.col("source") == "stream") & (F.col("topic") == "orders")
+        & (F.col("partition") == 1) & F.col("offset").between(100, 2899)
+    )
+    assert replayed.count() == 2800
+    assert replayed.where(~F.col("valid")).count() == len([o for o in range(100, 2900) if (4 * o + 1) % 7 == 0])
 
 
 def test_tables_work_under_a_data_dir_with_quotes_and_spaces(spark, tmp_path) -> None:

@@ -117,11 +117,12 @@ def append_once(
     )
 
 
-# The raw archive's files in Parquet's LZ4_RAW instead of Spark's default Snappy: the archive holds every record's
-# ~1 KB value, and LZ4 compresses it for less CPU (count_path_floor, warm pass: 30.5 against 31.7 core-µs per
-# record, two rounds alternating; benchmarks/PERF_NOTES.md, "twenty-second pass"), at a ratio no worse. Every reader
-# of the archive is Spark (>= 3.4 reads LZ4_RAW) or pyarrow; files of either codec live side by side in one table.
-ARCHIVE_WRITE_OPTIONS = {"compression": "lz4_raw"}
+# The raw archive's files in Snappy, whatever spark.sql.parquet.compression.codec says. Not LZ4_RAW, although its warm
+# pass was ~3.5 % cheaper (benchmarks/PERF_NOTES.md, "twenty-second pass"): parquet-java 1.17 (pyspark 4.2's) cannot
+# read back an LZ4_RAW page over ~8 KB through its lazy path, which its dictionary filter takes (apache/parquet-java
+# GH-3478, fixed after 1.17). A stream replay reads its batch's archived records by offset range, so a batch of more
+# than ~1,000 records per file failed every attempt ("all input must be consumed"; the chaos run, twenty-fifth pass).
+ARCHIVE_WRITE_OPTIONS = {"compression": "snappy"}
 
 
 def _require_columns(df: DataFrame, spec: TableSpec, required: Sequence[str]) -> None:
