@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import socket
+import threading
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -79,7 +82,26 @@ def test_unreachable_bootstrap_servers_are_reported_as_such(tmp_path) -> None:
         port = sock.getsockname()[1]
     config = load_config(write(tmp_path, f"[kafka]\nbootstrap_servers = '127.0.0.1:{port}'\n"), env={})
     with pytest.raises(ConfigError, match=f"cannot reach any broker: 127.0.0.1:{port}"):
-        check_kafka_reachable(config, timeout=1)
+        check_kafka_reachable(config, timeout=1, wait=0)
+
+
+def test_a_broker_that_comes_back_within_the_wait_is_not_an_error(tmp_path, caplog) -> None:
+    # A job started while the broker restarts (the chaos run's archive backfill during a broker restart) waits for it.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        config = load_config(write(tmp_path, f"[kafka]\nbootstrap_servers = '127.0.0.1:{port}'\n"), env={})
+        timer = threading.Timer(1.5, sock.listen)  # the broker is back 1.5 s later
+        timer.start()
+        try:
+            started = time.monotonic()
+            with caplog.at_level(logging.WARNING, logger="kdq.config.kafka_checks"):
+                check_kafka_reachable(config, timeout=1, wait=30)
+            waited = time.monotonic() - started
+        finally:
+            timer.cancel()
+    assert 1.5 <= waited < 15, waited
+    assert f"no Kafka broker answers (127.0.0.1:{port}" in caplog.text
 
 
 def test_every_spark_kafka_reader_is_read_committed(tmp_path) -> None:

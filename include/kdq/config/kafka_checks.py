@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Mapping
@@ -10,11 +11,34 @@ from collections.abc import Mapping
 from kdq.config.errors import ConfigError, scrub, secret_values
 from kdq.config.model import Config
 
+log = logging.getLogger(__name__)
 
-def check_kafka_reachable(config: Config, timeout: float = 5.0, login_timeout: float = 15.0) -> None:
-    """Fail at start, naming the servers, when none of the bootstrap servers accepts a connection; with SASL in
-    ``kafka.client``, also when the brokers refuse its login (:func:`check_kafka_login`)."""
+
+def check_kafka_reachable(config: Config, timeout: float = 5.0, login_timeout: float = 15.0, wait: float = 60.0) -> None:
+    """Fail at start, naming the servers, when none of the bootstrap servers accepts a connection for ``wait``
+    seconds (tried again with backoff meanwhile, each miss logged: a broker restarting must not fail a job that
+    starts beside it); with SASL in ``kafka.client``, also when the brokers refuse its login
+    (:func:`check_kafka_login`)."""
     servers = [s.strip() for s in config.kafka_bootstrap().split(",") if s.strip()]
+    deadline = time.monotonic() + wait
+    pause = 1.0
+    while True:
+        failures = _unreachable(servers, timeout)
+        if len(failures) < len(servers):
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ConfigError(f"kafka.bootstrap_servers: cannot reach any broker: {', '.join(failures)}")
+        pause = min(pause, left)
+        log.warning("no Kafka broker answers (%s); trying again in %.0f s, for %.0f s more", ", ".join(failures), pause, left)
+        time.sleep(pause)
+        pause = min(2 * pause, 10.0)
+    if str(config.kafka.client.get("security.protocol", "")).upper().startswith("SASL"):
+        check_kafka_login(config, login_timeout)
+
+
+def _unreachable(servers: list[str], timeout: float) -> list[str]:
+    """The servers tried, each with why it refused, up to the first that accepts a connection (not listed)."""
     failures = []
     for server in servers:
         host, _, port = server.rpartition(":")
@@ -23,10 +47,7 @@ def check_kafka_reachable(config: Config, timeout: float = 5.0, login_timeout: f
                 break
         except OSError as exc:
             failures.append(f"{server} ({exc.strerror or exc})")
-    else:
-        raise ConfigError(f"kafka.bootstrap_servers: cannot reach any broker: {', '.join(failures)}")
-    if str(config.kafka.client.get("security.protocol", "")).upper().startswith("SASL"):
-        check_kafka_login(config, login_timeout)
+    return failures
 
 
 def check_kafka_login(config: Config, timeout: float = 15.0) -> None:
