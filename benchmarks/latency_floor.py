@@ -4,7 +4,7 @@ experiment that would refute the ceiling").
     .venv/bin/python -m benchmarks.latency_floor [--rate 5000] [--seconds 60] [--trigger 0.5]
 
 Starts its own broker on free ports and, per variant, a Structured Streaming query on a local[2] session (the
-stream's Spark settings) over 4 topics × 3 partitions fed at ``--rate`` msgs/s of the `make bench` 1 KB orders
+stream's Spark settings) over 4 topics × 3 partitions (``--topics``/``--partitions``) fed at ``--rate`` msgs/s of the `make bench` 1 KB orders
 JSON (key = produce time in ms, as the benchmark's latency phase). Each micro-batch is classified as the speed
 layer does (``transforms.classify``) and then:
 
@@ -29,7 +29,7 @@ import time
 import uuid
 
 from benchmarks import workload
-from benchmarks.__main__ import make_config
+from benchmarks.__main__ import create_topics, make_config
 from benchmarks.count_path_floor import floor_stack
 from benchmarks.measure import weighted_percentiles
 
@@ -50,6 +50,11 @@ def main(argv=None) -> int:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf")
     p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra option of the Kafka source, e.g. kafka.fetch.max.wait.ms=50")
+    p.add_argument("--topics", type=int, default=4, help="topics the rate is spread over (1,000 for the 1,000-topic shape)")
+    p.add_argument("--partitions", type=int, default=3, help="partitions per topic")
+    p.add_argument("--log-kafka-reads", action="store_true",
+                   help="Spark's Kafka reader logs each partition read at INFO (\"read N records through P polls, "
+                        "taking T nanos\") to stderr: where a many-partition batch's time goes")
     p.add_argument("--window-counts-property", action="append", default=[], metavar="KEY=VALUE",
                    help="a table property of window_counts set after it is created, e.g. delta.enableDeletionVectors=false")
     args = p.parse_args(argv)
@@ -79,6 +84,10 @@ def main(argv=None) -> int:
             )
             if spark is None:
                 spark = build_session(config, app_name="kdq-latency-floor")
+                if args.log_kafka_reads:
+                    jvm = spark.sparkContext._jvm
+                    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+                        "org.apache.spark.sql.kafka010.consumer.KafkaDataConsumer", jvm.org.apache.logging.log4j.Level.INFO)
             ensure_tables(spark, config)
             if args.window_counts_property:
                 from kdq.spark.tables import table_path
@@ -88,9 +97,8 @@ def main(argv=None) -> int:
                 spark.sql(f"ALTER TABLE delta.`{table_path(config, WINDOW_COUNTS)}` SET TBLPROPERTIES ({settings})")
             small = small_query_session(spark)
             stream = config.stream
-            topics = [f"lfloor-{variant}-{i}" for i in range(4)]
-            for topic in topics:
-                stack.kafka.create_topic(topic, partitions=3)
+            topics = [f"lfloor-{variant}-{i}" for i in range(args.topics)]
+            create_topics(stack.kafka, topics, args.partitions)
             app_id = f"floor-{uuid.uuid4()}"
             pairs: list[tuple[float, int]] = []
             durations: list[float] = []
@@ -186,7 +194,8 @@ def main(argv=None) -> int:
 
         for variant in args.variants.split(","):
             results.append(measure(variant))
-        print("\n".join(["", f"rate {args.rate:,} msgs/s, {args.seconds:.0f} s, trigger {args.trigger} s"] + results))
+        print("\n".join(["", f"rate {args.rate:,} msgs/s over {args.topics} topics × {args.partitions} partitions, "
+                                 f"{args.seconds:.0f} s, trigger {args.trigger} s"] + results))
         return 0
     finally:
         if spark is not None:
