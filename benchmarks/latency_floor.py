@@ -40,6 +40,23 @@ def mean_ms(durations: list[float]) -> float:
     return 1000 * sum(durations) / len(durations) if durations else 0.0
 
 
+def wait_for_leaders(bootstrap: str, topics: list[str], timeout: float = 120.0) -> None:
+    """Until the broker's metadata has a leader for every partition of ``topics``: a producer started at once on a
+    thousand new topics otherwise fails with "Unknown partition"."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while True:
+        known = admin.list_topics(timeout=10).topics
+        if all(t in known and known[t].partitions and all(p.leader >= 0 for p in known[t].partitions.values())
+               for t in topics):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topics without a leader after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", type=int, default=5000)
@@ -99,6 +116,7 @@ def main(argv=None) -> int:
             stream = config.stream
             topics = [f"lfloor-{variant}-{i}" for i in range(args.topics)]
             create_topics(stack.kafka, topics, args.partitions)
+            wait_for_leaders(bootstrap, topics)
             app_id = f"floor-{uuid.uuid4()}"
             pairs: list[tuple[float, int]] = []
             durations: list[float] = []
@@ -156,7 +174,7 @@ def main(argv=None) -> int:
 
             query = (
                 spark.readStream.format("kafka")
-                .options(**config.spark_kafka_options(), **dict(item.split("=", 1) for item in args.kafka_option))
+                .options(**{**config.spark_kafka_options(), **dict(item.split("=", 1) for item in args.kafka_option)})
                 .option("subscribe", ",".join(topics)).option("startingOffsets", "earliest").load()
                 .coalesce(spark.sparkContext.defaultParallelism)
                 .writeStream.option("checkpointLocation", str(work / variant / "checkpoint"))
@@ -166,7 +184,8 @@ def main(argv=None) -> int:
             )
             try:
                 proc, out = workload.start_rate_producer(
-                    bootstrap, topics, workload.Workload(messages=0), args.rate, args.warmup + args.seconds
+                    bootstrap, topics, workload.Workload(messages=0, topics=args.topics, partitions=args.partitions), args.rate,
+                    args.warmup + args.seconds
                 )
                 measured_from_ms = int((time.time() + args.warmup) * 1000)
                 produced = out.get(timeout=args.warmup + args.seconds + 120)

@@ -260,10 +260,15 @@ class Config(Section):
             "kafka.bootstrap.servers": self.kafka_bootstrap(),
             "kafka.max.partition.fetch.bytes": str(self.kafka.max_message_bytes),
             # A Spark task reads its Kafka partitions one after the other, and a fetch finding nothing new waits
-            # this long (the Java client's default is 500 ms): with 6 partitions per task a quiet batch stalled 3 s
-            # (benchmarks/PERF_NOTES.md, "the 3-second stall is the Kafka fetch's wait"). The Java client's own
-            # name, so not in [kafka.client], which librdkafka reads too (its name is fetch.wait.max.ms).
-            "kafka.fetch.max.wait.ms": "50",
+            # this long at the broker (the Java client's default is 500 ms). Spark's reader pays it about once per
+            # partition a task reads, even where the data is there: after each poll it looks the partition's offset
+            # range up (two ListOffsets), and those wait on the same connection behind the fetch the consumer sent
+            # ahead, which finds nothing past the batch's end. Per partition read, 1,000 one-partition topics:
+            # 72 ms at 50 ms, 22 ms at 1 ms (a consumer kept open: 53 -> 3 ms) (benchmarks/PERF_NOTES.md,
+            # "the 3-second stall is the Kafka fetch's wait" and "twenty-fifth pass"). 1 ms, not 0: a fetch that
+            # finds nothing is not repeated in a busy loop. The Java client's own name, so not in [kafka.client],
+            # which librdkafka reads too (its name is fetch.wait.max.ms).
+            "kafka.fetch.max.wait.ms": "1",
             **{f"kafka.{key}": value for key, value in client.items()},
             "kafka.isolation.level": "read_committed",
         }
